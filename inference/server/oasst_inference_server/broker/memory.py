@@ -1,0 +1,312 @@
+"""The in-process broker of the embedded default: plain asyncio, one server process only.
+
+It follows the Redis broker's observable behaviour (the shared contract suite in ``tests/broker`` runs
+against both), including stream ids in Redis format, so code and clients cannot tell them apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from dataclasses import dataclass, field
+
+from oasst_inference_server.broker.base import Broker, StreamEntry, WorkerSessionRecord
+from oasst_inference_server.broker.keys import StreamId, parse_stream_id
+
+
+@dataclass(eq=False)
+class _Stream:
+    ids: list[StreamId] = field(default_factory=list)
+    entries: list[StreamEntry] = field(default_factory=list)
+    expires_at: float | None = None  # loop time
+    expiry: asyncio.TimerHandle | None = None
+
+
+@dataclass(eq=False)
+class _Signal:
+    """Wakes the readers blocked on one stream; replaced after every append so no wake-up is missed."""
+
+    event: asyncio.Event = field(default_factory=asyncio.Event)
+    waiters: int = 0
+
+
+@dataclass(eq=False)
+class _WorkQueue:
+    items: deque[str] = field(default_factory=deque)
+    # Blocked poppers, oldest first; a push hands its item straight to the first one still waiting.
+    waiters: deque[asyncio.Future[str | None]] = field(default_factory=deque)
+
+
+_END = object()
+
+
+class _Subscription:
+    def __init__(self) -> None:
+        self.queue: asyncio.Queue[object] = asyncio.Queue()
+
+    def __aiter__(self) -> _Subscription:
+        return self
+
+    async def __anext__(self) -> str:
+        item = await self.queue.get()
+        if item is _END:
+            self.queue.put_nowait(_END)  # stay ended for any later __anext__
+            raise StopAsyncIteration
+        assert isinstance(item, str)
+        return item
+
+
+class InMemoryBroker(Broker):
+    def __init__(self, *, stream_ttl: float = 600.0, stream_maxlen: int = 10000) -> None:
+        if stream_ttl <= 0:
+            raise ValueError("stream_ttl must be positive")
+        if stream_maxlen < 1:
+            raise ValueError("stream_maxlen must be at least 1")
+        self.stream_ttl = stream_ttl
+        self.stream_maxlen = stream_maxlen
+        self._closed = False
+        self._queues: dict[str, _WorkQueue] = {}
+        self._streams: dict[str, _Stream] = {}
+        self._signals: dict[str, _Signal] = {}
+        self._last_id = StreamId(0, 0)
+        self._sessions: dict[str, tuple[WorkerSessionRecord, float]] = {}
+        self._subscriptions: dict[str, set[_Subscription]] = {}
+        self._locks: dict[str, tuple[str, float]] = {}
+
+    # ------------------------------------------------------------ lifecycle
+    async def close(self) -> None:
+        self._closed = True
+        for wq in self._queues.values():
+            while wq.waiters:
+                _resolve(wq.waiters.popleft(), None)
+        for signal in self._signals.values():
+            signal.event.set()
+        for subscriptions in self._subscriptions.values():
+            for subscription in subscriptions:
+                subscription.queue.put_nowait(_END)
+        for stream in self._streams.values():
+            if stream.expiry is not None:
+                stream.expiry.cancel()
+
+    async def ping(self) -> bool:
+        return not self._closed
+
+    # ------------------------------------------------------------ work queues
+    async def push_work(self, queue: str, message_id: str) -> None:
+        self._offer(queue, message_id, front=False)
+
+    def _offer(self, queue: str, message_id: str, *, front: bool) -> None:
+        wq = self._queues.setdefault(queue, _WorkQueue())
+        while wq.waiters:
+            waiter = wq.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(message_id)
+                return
+        if front:
+            wq.items.appendleft(message_id)
+        else:
+            wq.items.append(message_id)
+
+    async def pop_work(self, queue: str, timeout: float) -> str | None:
+        wq = self._queues.setdefault(queue, _WorkQueue())
+        if wq.items:
+            return wq.items.popleft()
+        if timeout <= 0 or self._closed:
+            return None
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[str | None] = loop.create_future()
+        wq.waiters.append(waiter)
+        # call_later rather than wait_for: wait_for may cancel a future that already received an item
+        # (Python >= 3.12), which would lose that item.
+        timer = loop.call_later(timeout, _resolve, waiter, None)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            handed = waiter.result() if waiter.done() and not waiter.cancelled() else None
+            if handed is not None:
+                # Our caller was cancelled after an item was handed over: give it back, still first in line.
+                self._offer(queue, handed, front=True)
+            raise
+        finally:
+            timer.cancel()
+            if not waiter.done():
+                waiter.cancel()
+            if waiter in wq.waiters:
+                wq.waiters.remove(waiter)
+            self._forget_queue_if_empty(queue)
+
+    def _forget_queue_if_empty(self, queue: str) -> None:
+        wq = self._queues.get(queue)
+        if wq is not None and not wq.items and not wq.waiters:
+            del self._queues[queue]
+
+    async def queue_length(self, queue: str) -> int:
+        wq = self._queues.get(queue)
+        return len(wq.items) if wq else 0
+
+    async def queued_ids(self, queue: str) -> list[str]:
+        wq = self._queues.get(queue)
+        return list(wq.items) if wq else []
+
+    async def remove_work(self, queue: str, message_id: str) -> None:
+        wq = self._queues.get(queue)
+        if wq is None:
+            return
+        wq.items = deque(item for item in wq.items if item != message_id)
+        self._forget_queue_if_empty(queue)
+
+    # ------------------------------------------------------------ event streams
+    def _next_id(self) -> StreamId:
+        # Like Redis: wall-clock milliseconds, a sequence within one millisecond, never going backwards.
+        # One counter for all streams keeps ids increasing even across delete_stream and re-creation.
+        now_ms = time.time_ns() // 1_000_000
+        last = self._last_id
+        self._last_id = StreamId(now_ms, 0) if now_ms > last.ms else StreamId(last.ms, last.seq + 1)
+        return self._last_id
+
+    def _live_stream(self, name: str) -> _Stream | None:
+        stream = self._streams.get(name)
+        if stream is not None and stream.expires_at is not None:
+            if asyncio.get_running_loop().time() >= stream.expires_at:
+                self._drop_stream(name)
+                return None
+        return stream
+
+    def _drop_stream(self, name: str) -> None:
+        stream = self._streams.pop(name, None)
+        if stream is not None and stream.expiry is not None:
+            stream.expiry.cancel()
+
+    def _expire(self, name: str, stream: _Stream) -> None:
+        # Unconditional: the loop may run a timer a clock tick early, and a later terminal event
+        # cancels this timer and starts another.
+        if self._streams.get(name) is stream:
+            self._drop_stream(name)
+
+    async def append_event(self, stream: str, data: str, *, terminal: bool = False) -> str:
+        record = self._live_stream(stream)
+        if record is None:
+            record = self._streams[stream] = _Stream()
+        entry_id = self._next_id()
+        record.ids.append(entry_id)
+        record.entries.append(StreamEntry(str(entry_id), data))
+        excess = len(record.entries) - self.stream_maxlen
+        if excess > 0:
+            del record.ids[:excess]
+            del record.entries[:excess]
+        if terminal:
+            loop = asyncio.get_running_loop()
+            if record.expiry is not None:
+                record.expiry.cancel()
+            record.expires_at = loop.time() + self.stream_ttl
+            # Lazy expiry alone would keep a finished stream nobody reads again in memory forever.
+            record.expiry = loop.call_later(self.stream_ttl, self._expire, stream, record)
+        signal = self._signals.get(stream)
+        if signal is not None:
+            signal.event.set()
+            signal.event = asyncio.Event()
+        return str(entry_id)
+
+    def _entries_after(self, name: str, after: StreamId | None, count: int) -> list[StreamEntry]:
+        record = self._live_stream(name)
+        if record is None:
+            return []
+        start = 0 if after is None else bisect.bisect_right(record.ids, after)
+        return record.entries[start : start + count]
+
+    async def read_events(
+        self, stream: str, after: str | None, timeout: float, count: int = 512
+    ) -> list[StreamEntry]:
+        after_id = None if after is None else parse_stream_id(after)
+        count = max(1, count)
+        entries = self._entries_after(stream, after_id, count)
+        if entries or timeout <= 0 or self._closed:
+            return entries
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        signal = self._signals.setdefault(stream, _Signal())
+        signal.waiters += 1
+        try:
+            while True:
+                remaining = deadline - loop.time()
+                if remaining <= 0 or self._closed:
+                    return []
+                event = signal.event
+                try:
+                    await asyncio.wait_for(event.wait(), remaining)
+                except asyncio.TimeoutError:
+                    return []
+                entries = self._entries_after(stream, after_id, count)
+                if entries:
+                    return entries
+        finally:
+            signal.waiters -= 1
+            if signal.waiters == 0 and self._signals.get(stream) is signal:
+                del self._signals[stream]
+
+    async def stream_exists(self, stream: str) -> bool:
+        record = self._live_stream(stream)
+        return record is not None and bool(record.entries)
+
+    async def delete_stream(self, stream: str) -> None:
+        self._drop_stream(stream)
+
+    # ------------------------------------------------------------ worker sessions
+    async def put_worker_session(self, record: WorkerSessionRecord, ttl: float) -> None:
+        self._sessions[record.session_id] = (record, time.monotonic() + ttl)
+
+    async def remove_worker_session(self, session_id: str) -> None:
+        self._sessions.pop(session_id, None)
+
+    async def list_worker_sessions(self) -> list[WorkerSessionRecord]:
+        now = time.monotonic()
+        expired = [sid for sid, (_, expires_at) in self._sessions.items() if expires_at <= now]
+        for sid in expired:
+            del self._sessions[sid]
+        return [record for record, _ in self._sessions.values()]
+
+    # ------------------------------------------------------------ commands
+    async def publish_command(self, channel: str, data: str) -> None:
+        for subscription in self._subscriptions.get(channel, ()):
+            subscription.queue.put_nowait(data)
+
+    def subscribe_commands(self, channel: str) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+        return self._subscribe(channel)
+
+    @asynccontextmanager
+    async def _subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[str]]:
+        subscription = _Subscription()
+        if self._closed:
+            subscription.queue.put_nowait(_END)
+        self._subscriptions.setdefault(channel, set()).add(subscription)
+        try:
+            yield subscription
+        finally:
+            subscribers = self._subscriptions.get(channel)
+            if subscribers is not None:
+                subscribers.discard(subscription)
+                if not subscribers:
+                    del self._subscriptions[channel]
+
+    # ------------------------------------------------------------ locks
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        now = time.monotonic()
+        held = self._locks.get(name)
+        if held is not None and held[0] != owner and held[1] > now:
+            return False
+        self._locks[name] = (owner, now + ttl)
+        return True
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        held = self._locks.get(name)
+        if held is not None and held[0] == owner:
+            del self._locks[name]
+
+
+def _resolve(future: asyncio.Future[str | None], value: str | None) -> None:
+    if not future.done():
+        future.set_result(value)

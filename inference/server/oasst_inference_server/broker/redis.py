@@ -1,0 +1,426 @@
+"""The production broker on Redis (redis-py >= 5, asyncio), shared by every server replica.
+
+Layout (every name under ``key_prefix``, see :mod:`.keys`):
+
+* work queue: a list; RPUSH, BLPOP;
+* event stream: a Redis Stream (XADD with ``MAXLEN ~``); Redis entry ids are the event ids; a terminal
+  event sets a PEXPIRE of ``stream_ttl`` in the same transaction as its XADD;
+* worker session: a string key with a PX TTL holding the record, plus a sorted set indexing the session
+  ids by expiry so listing does not need SCAN;
+* commands: PUBLISH / SUBSCRIBE, one pub/sub connection per subscription;
+* lock: SET NX PX, with Lua compare-and-extend and compare-and-delete so only the owner touches it.
+
+Redis must run with ``maxmemory-policy noeviction``: an evicted queue or stream is lost work.
+Every Redis failure leaves this module as :class:`~.base.BrokerError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import json
+import math
+import time
+from collections.abc import AsyncIterator, Coroutine, Iterator
+from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from typing import Any, Literal, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from loguru import logger
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+
+from oasst_inference_server.broker.base import Broker, BrokerError, StreamEntry, WorkerSessionRecord
+from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
+
+T = TypeVar("T")
+
+_DATA_FIELD = "data"
+# Index entries are only garbage-collected this long after their recorded expiry: the score comes from
+# the clock of whichever replica wrote it, and the session key's own PX TTL (Redis' clock) is the truth.
+_SESSION_INDEX_GRACE_MS = 60_000
+_PUBSUB_POLL_SECONDS = 5.0
+
+_ACQUIRE_LOCK = """
+local holder = redis.call('GET', KEYS[1])
+if holder == ARGV[1] then
+    redis.call('PEXPIRE', KEYS[1], ARGV[2])
+    return 1
+end
+if not holder then
+    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+    return 1
+end
+return 0
+"""
+
+# Deletes a stream and says how many ms Redis' clock trails its last id (negative: already past it).
+_DELETE_STREAM = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+redis.call('DEL', KEYS[1])
+if #last == 0 then
+    return -1
+end
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+return tonumber(string.match(last[1][1], '^(%d+)')) - now_ms
+"""
+
+_RELEASE_LOCK = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+
+class _Closed(enum.Enum):
+    TOKEN = 0
+
+
+_CLOSED = _Closed.TOKEN
+
+
+def _ms(seconds: float) -> int:
+    # Never 0: a zero block time means "forever" to BLPOP and XREAD, and a zero TTL is an error.
+    return max(1, math.ceil(seconds * 1000))
+
+
+def redact_url(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
+
+
+@contextmanager
+def _translated(operation: str) -> Iterator[None]:
+    try:
+        yield
+    except (RedisError, OSError) as exc:
+        raise BrokerError(f"redis {operation} failed: {type(exc).__name__}: {exc}") from exc
+
+
+class RedisBroker(Broker):
+    def __init__(
+        self,
+        url: str,
+        *,
+        key_prefix: str = "oasst:",
+        stream_ttl: float = 600.0,
+        stream_maxlen: int = 10000,
+        max_connections: int = 512,
+        pool_timeout: float = 10.0,
+        socket_timeout: float = 30.0,
+        socket_connect_timeout: float = 5.0,
+        retries: int = 3,
+        client_name: str | None = "oasst-broker",
+    ) -> None:
+        if stream_ttl <= 0:
+            raise ValueError("stream_ttl must be positive")
+        if stream_maxlen < 1:
+            raise ValueError("stream_maxlen must be at least 1")
+        if socket_timeout <= 0:
+            raise ValueError("socket_timeout must be positive")
+        self.url = url
+        self.keys = RedisKeys(key_prefix)
+        self.stream_ttl = stream_ttl
+        self.stream_maxlen = stream_maxlen
+        # A blocking command must answer before the socket timeout fires, so long waits are split into
+        # several blocking calls of at most this length.
+        self._max_block = max(0.05, socket_timeout - min(5.0, socket_timeout / 2))
+        # Blocked BLPOP / XREAD calls each hold a connection; the pool is sized for that, and a caller
+        # that still finds it exhausted waits up to pool_timeout instead of failing at once.
+        self._pool: BlockingConnectionPool = BlockingConnectionPool.from_url(
+            url,
+            max_connections=max_connections,
+            timeout=pool_timeout,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=socket_connect_timeout,
+            decode_responses=True,
+            client_name=client_name,  # tells our connections apart in CLIENT LIST
+            # The parsing below is written against RESP2 replies (redis-py >= 8 defaults to RESP3).
+            protocol=2,
+            # Connection errors only: a command that timed out may have run, and re-sending an XADD
+            # would duplicate an event.
+            retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), retries, (RedisConnectionError,)),
+        )
+        # Typed Any on purpose: the typeshed stubs (types-redis 4.6) shadow redis-py's own annotations
+        # and lack its 5.x API (aclose, ...), so checking calls against them would only mislead.
+        self._client: Any = Redis(connection_pool=self._pool)
+        self._acquire_lock = self._client.register_script(_ACQUIRE_LOCK)
+        self._release_lock = self._client.register_script(_RELEASE_LOCK)
+        self._delete_stream = self._client.register_script(_DELETE_STREAM)
+        self._closed = False
+        self._closed_future: asyncio.Future[None] | None = None
+        self._blocking: set[asyncio.Task[Any]] = set()
+
+    def __repr__(self) -> str:
+        return f"RedisBroker({redact_url(self.url)!r}, key_prefix={self.keys.prefix!r})"
+
+    # ------------------------------------------------------------ lifecycle
+    async def start(self) -> None:
+        with _translated("PING"):
+            await self._client.ping()
+        logger.info("Redis broker connected to {} (prefix {!r})", redact_url(self.url), self.keys.prefix)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._closed_future is not None and not self._closed_future.done():
+            self._closed_future.set_result(None)
+        blocking = list(self._blocking)
+        for task in blocking:
+            task.cancel()
+        # Cancelled redis-py calls drop their connections; let them finish before closing the pool.
+        await asyncio.gather(*blocking, return_exceptions=True)
+        try:
+            await self._client.aclose()
+            await self._pool.disconnect()
+        except (RedisError, OSError) as exc:
+            logger.warning("closing the Redis broker: {}", exc)
+
+    async def ping(self) -> bool:
+        try:
+            return bool(await asyncio.wait_for(self._client.ping(), 5.0))
+        except (RedisError, OSError, asyncio.TimeoutError):
+            return False
+
+    async def _unless_closed(self, call: Coroutine[Any, Any, T]) -> T | Literal[_Closed.TOKEN]:
+        """Run a blocking call, abandoning it (result ``_CLOSED``) when the broker closes meanwhile."""
+        if self._closed:
+            call.close()
+            return _CLOSED
+        if self._closed_future is None:
+            self._closed_future = asyncio.get_running_loop().create_future()
+        task = asyncio.ensure_future(call)
+        self._blocking.add(task)
+        try:
+            await asyncio.wait((task, self._closed_future), return_when=asyncio.FIRST_COMPLETED)
+        except BaseException:
+            task.cancel()
+            raise
+        finally:
+            self._blocking.discard(task)
+        if task.done() and not task.cancelled():
+            return task.result()
+        task.cancel()  # only close() cancels these, so a cancelled call means "closed" as well
+        return _CLOSED
+
+    def _block_steps(self, timeout: float) -> Iterator[float]:
+        """The block times of successive blocking calls that together wait ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while (remaining := deadline - time.monotonic()) > 0:
+            yield min(remaining, self._max_block)
+
+    # ------------------------------------------------------------ work queues
+    async def push_work(self, queue: str, message_id: str) -> None:
+        with _translated("RPUSH"):
+            await self._client.rpush(self.keys.queue(queue), message_id)
+
+    async def pop_work(self, queue: str, timeout: float) -> str | None:
+        key = self.keys.queue(queue)
+        with _translated("BLPOP"):
+            if timeout <= 0 or self._closed:
+                popped = await self._client.lpop(key)
+                return None if popped is None else str(popped)
+            for block in self._block_steps(timeout):
+                popped = await self._unless_closed(self._client.blpop([key], _ms(block) / 1000))
+                if popped is _CLOSED:
+                    return None
+                if popped:
+                    return str(popped[1])
+        return None
+
+    async def queue_length(self, queue: str) -> int:
+        with _translated("LLEN"):
+            return int(await self._client.llen(self.keys.queue(queue)))
+
+    async def queued_ids(self, queue: str) -> list[str]:
+        with _translated("LRANGE"):
+            return list(await self._client.lrange(self.keys.queue(queue), 0, -1))
+
+    async def remove_work(self, queue: str, message_id: str) -> None:
+        with _translated("LREM"):
+            await self._client.lrem(self.keys.queue(queue), 0, message_id)
+
+    # ------------------------------------------------------------ event streams
+    async def append_event(self, stream: str, data: str, *, terminal: bool = False) -> str:
+        key = self.keys.stream(stream)
+        fields: dict[Any, Any] = {_DATA_FIELD: data}
+        with _translated("XADD"):
+            if not terminal:
+                entry_id = await self._client.xadd(key, fields, maxlen=self.stream_maxlen, approximate=True)
+                return str(entry_id)
+            # One transaction, so a terminal event can never be left without its expiry.
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.xadd(key, fields, maxlen=self.stream_maxlen, approximate=True)
+                pipe.pexpire(key, _ms(self.stream_ttl))
+                entry_id, _ = await pipe.execute()
+            return str(entry_id)
+
+    async def read_events(
+        self, stream: str, after: str | None, timeout: float, count: int = 512
+    ) -> list[StreamEntry]:
+        key = self.keys.stream(stream)
+        # XREAD is exclusive of the id it is given and, with BLOCK, still answers at once when newer
+        # entries exist: one call covers both "return what is there" and "wait for the next one".
+        start = "0-0" if after is None else str(parse_stream_id(after))
+        count = max(1, count)
+        with _translated("XREAD"):
+            if timeout <= 0 or self._closed:
+                return _stream_entries(await self._client.xread({key: start}, count=count))
+            for block in self._block_steps(timeout):
+                reply = await self._unless_closed(
+                    self._client.xread({key: start}, count=count, block=_ms(block))
+                )
+                if reply is _CLOSED:
+                    return []
+                entries = _stream_entries(reply)
+                if entries:
+                    return entries
+        return []
+
+    async def stream_exists(self, stream: str) -> bool:
+        with _translated("EXISTS"):
+            return bool(await self._client.exists(self.keys.stream(stream)))
+
+    async def delete_stream(self, stream: str) -> None:
+        with _translated("DEL stream"):
+            lead_ms = int(await self._delete_stream(keys=[self.keys.stream(stream)]))
+        if lead_ms >= 0:
+            # A re-created stream takes its ids from Redis' clock: returning only once that clock is past
+            # the old last id keeps the new ids above any Last-Event-ID a client kept from the old stream.
+            await asyncio.sleep(min(lead_ms + 1, 1000) / 1000)
+
+    # ------------------------------------------------------------ worker sessions
+    async def put_worker_session(self, record: WorkerSessionRecord, ttl: float) -> None:
+        ttl_ms = _ms(ttl)
+        value = json.dumps({"model_config_name": record.model_config_name, "data": record.data})
+        expires_at_ms = int(time.time() * 1000) + ttl_ms
+        with _translated("SET session"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.set(self.keys.session(record.session_id), value, px=ttl_ms)
+                pipe.zadd(self.keys.session_index, {record.session_id: expires_at_ms})
+                await pipe.execute()
+
+    async def remove_worker_session(self, session_id: str) -> None:
+        with _translated("DEL session"):
+            async with self._client.pipeline(transaction=True) as pipe:
+                pipe.delete(self.keys.session(session_id))
+                pipe.zrem(self.keys.session_index, session_id)
+                await pipe.execute()
+
+    async def list_worker_sessions(self) -> list[WorkerSessionRecord]:
+        horizon_ms = int(time.time() * 1000) - _SESSION_INDEX_GRACE_MS
+        with _translated("list sessions"):
+            async with self._client.pipeline(transaction=False) as pipe:
+                pipe.zremrangebyscore(self.keys.session_index, "-inf", horizon_ms)
+                pipe.zrange(self.keys.session_index, 0, -1)
+                _, session_ids = await pipe.execute()
+            if not session_ids:
+                return []
+            values = await self._client.mget([self.keys.session(sid) for sid in session_ids])
+        records = []
+        for session_id, value in zip(session_ids, values, strict=True):
+            if value is None:  # expired or removed; its index entry is pruned once past the grace
+                continue
+            try:
+                payload = json.loads(value)
+                records.append(WorkerSessionRecord(session_id, payload["model_config_name"], payload["data"]))
+            except (ValueError, KeyError, TypeError):
+                logger.warning("skipping malformed worker session record {!r}", session_id)
+        return records
+
+    # ------------------------------------------------------------ commands
+    async def publish_command(self, channel: str, data: str) -> None:
+        with _translated("PUBLISH"):
+            await self._client.publish(self.keys.channel(channel), data)
+
+    def subscribe_commands(self, channel: str) -> AbstractAsyncContextManager[AsyncIterator[str]]:
+        return self._subscribe(channel)
+
+    @asynccontextmanager
+    async def _subscribe(self, channel: str) -> AsyncIterator[AsyncIterator[str]]:
+        name = self.keys.channel(channel)
+        pubsub = self._client.pubsub()
+        try:
+            with _translated("SUBSCRIBE"):
+                await pubsub.subscribe(name)
+                await self._confirm_subscription(pubsub, name)
+            yield _Commands(self, pubsub)
+        finally:
+            # Closing drops the connection, which ends the subscription server-side; an UNSUBSCRIBE on
+            # a connection that may hold a half-read reply (after a cancellation) would not be safe.
+            try:
+                await pubsub.aclose()
+            except (RedisError, OSError) as exc:
+                logger.debug("closing a pub/sub connection: {}", exc)
+
+    async def _confirm_subscription(self, pubsub: Any, name: str) -> None:
+        # SUBSCRIBE only sends the command: publishes that reach Redis before it processed it would be
+        # missed, so wait for its confirmation before the caller relies on the subscription.
+        deadline = time.monotonic() + self._max_block
+        while (remaining := deadline - time.monotonic()) > 0:
+            message = await pubsub.get_message(timeout=remaining)
+            if message and message.get("type") == "subscribe" and message.get("channel") == name:
+                return
+        raise BrokerError(f"redis did not confirm the subscription to {name!r}")
+
+    # ------------------------------------------------------------ locks
+    async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
+        with _translated("lock acquire"):
+            return bool(await self._acquire_lock(keys=[self.keys.lock(name)], args=[owner, _ms(ttl)]))
+
+    async def release_lock(self, name: str, owner: str) -> None:
+        with _translated("lock release"):
+            await self._release_lock(keys=[self.keys.lock(name)], args=[owner])
+
+
+class _Commands:
+    """The iterator of one subscription; it ends when the broker closes."""
+
+    def __init__(self, broker: RedisBroker, pubsub: Any) -> None:
+        self._broker = broker
+        self._pubsub = pubsub
+
+    def __aiter__(self) -> _Commands:
+        return self
+
+    async def __anext__(self) -> str:
+        with _translated("pub/sub read"):
+            while True:
+                # Short polls rather than one endless read: redis-py's "block forever" differs between
+                # versions, and a poll notices a dead connection (redis-py reconnects and resubscribes).
+                message = await self._broker._unless_closed(
+                    self._pubsub.get_message(ignore_subscribe_messages=True, timeout=_PUBSUB_POLL_SECONDS)
+                )
+                if message is _CLOSED:
+                    raise StopAsyncIteration
+                if message and message.get("type") == "message":
+                    return str(message["data"])
+
+
+def _stream_entries(reply: Any) -> list[StreamEntry]:
+    """Entries of a one-stream XREAD reply, in either RESP2 (list) or RESP3 (dict) shape."""
+    if not reply:
+        return []
+    per_stream = list(reply.values()) if isinstance(reply, dict) else [item[1] for item in reply]
+    entries: list[StreamEntry] = []
+    for stream_entries in per_stream:
+        # redis-py's RESP3 parsing wraps the entry list of each stream in one more list.
+        if stream_entries and not _is_entry(stream_entries[0]):
+            stream_entries = stream_entries[0]
+        for entry_id, fields in stream_entries:
+            entries.append(StreamEntry(str(entry_id), str((fields or {}).get(_DATA_FIELD, ""))))
+    return entries
+
+
+def _is_entry(item: Any) -> bool:
+    return isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)

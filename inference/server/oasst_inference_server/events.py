@@ -1,0 +1,50 @@
+"""Encoding of the per-message server-sent events and the names of their broker streams and queues.
+
+Events are encoded once, when appended to the broker; readers relay the stored JSON unchanged.
+The ``event_type`` field comes first so a reader can recognise a terminal event without parsing.
+"""
+
+from __future__ import annotations
+
+import json
+
+from oasst_shared.schemas import ErrorEvent, MessageEvent, MessageRead, PendingEvent, RetryEvent
+
+_TERMINAL_PREFIXES = ('{"event_type":"message"', '{"event_type":"error"')
+
+
+def stream_name(message_id: str) -> str:
+    return f"events:{message_id}"
+
+
+def work_queue_name(model_config_name: str) -> str:
+    return f"work:{model_config_name}"
+
+
+def worker_command_channel(session_id: str) -> str:
+    return f"worker-commands:{session_id}"
+
+
+def token_event(text: str) -> str:
+    # The hot path: one small dict, one json.dumps, no pydantic.
+    return json.dumps({"event_type": "token", "text": text}, ensure_ascii=False, separators=(",", ":"))
+
+
+def pending_event(queue_position: int, queue_size: int) -> str:
+    return PendingEvent(queue_position=queue_position, queue_size=queue_size).model_dump_json()
+
+
+def retry_event(attempt: int, reason: str) -> str:
+    return RetryEvent(attempt=attempt, reason=reason).model_dump_json()
+
+
+def message_event(message: MessageRead) -> str:
+    return MessageEvent(message=message).model_dump_json()
+
+
+def error_event(error: str, message: MessageRead | None) -> str:
+    return ErrorEvent(error=error, message=message).model_dump_json()
+
+
+def is_terminal(data: str) -> bool:
+    return data.startswith(_TERMINAL_PREFIXES)

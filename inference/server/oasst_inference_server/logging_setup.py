@@ -1,0 +1,27 @@
+"""Route the standard library's logging (uvicorn, sqlalchemy) through loguru, once per process."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from loguru import logger
+
+
+class _InterceptHandler(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level: str | int = logger.level(record.levelname).name
+        except ValueError:
+            level = record.levelno
+        logger.opt(depth=6, exception=record.exc_info).log(level, record.getMessage())
+
+
+def configure_logging(level: str = "INFO") -> None:
+    logger.remove()
+    logger.add(sys.stderr, level=level.upper(), enqueue=False, backtrace=False, diagnose=False)
+    logging.basicConfig(handlers=[_InterceptHandler()], level=0, force=True)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        logging.getLogger(name).handlers = [_InterceptHandler()]
+        logging.getLogger(name).propagate = False
+    logging.getLogger("uvicorn.access").setLevel(logging.WARNING)

@@ -1,0 +1,88 @@
+"""Build the FastAPI application: settings, database, broker, routers."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import FileResponse
+from loguru import logger
+
+from oasst_inference_server import db
+from oasst_inference_server.broker import create_broker
+from oasst_inference_server.errors import install_error_handlers
+from oasst_inference_server.message_lifecycle import MessageLifecycle
+from oasst_inference_server.recovery import RecoveryLoop
+from oasst_inference_server.routes import auth, chats, configs, health, workers
+from oasst_inference_server.settings import Settings, get_settings
+from oasst_inference_server.worker_registry import WorkerRegistry
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        engine = db.create_engine(settings)
+        await db.create_tables(engine)
+        broker = create_broker(
+            settings.broker_url,
+            key_prefix=settings.redis_key_prefix,
+            stream_ttl=settings.stream_ttl_seconds,
+            stream_maxlen=settings.stream_maxlen,
+        )
+        await broker.start()
+        session_factory = db.make_session_factory(engine)
+        app.state.settings = settings
+        app.state.engine = engine
+        app.state.session_factory = session_factory
+        app.state.broker = broker
+        app.state.registry = WorkerRegistry(broker)
+        app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
+        recovery = RecoveryLoop(session_factory, broker, app.state.lifecycle, app.state.registry, settings)
+        recovery_task = asyncio.create_task(recovery.run(), name="recovery")
+        logger.info(
+            "inference server ready ({} mode, broker {})",
+            settings.environment,
+            "redis" if settings.broker_url and settings.broker_url.startswith("redis") else "in-process",
+        )
+        try:
+            yield
+        finally:
+            recovery_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await recovery_task
+            await recovery.stop()
+            await broker.close()
+            await engine.dispose()
+
+    app = FastAPI(
+        title="Open-Assistant inference server",
+        version="0.1.0",
+        lifespan=lifespan,
+        description="Chats with streamed answers from a fleet of text-generation workers.",
+    )
+    install_error_handlers(app)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_credentials=True,
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+    for module in (health, auth, chats, configs, workers):
+        app.include_router(module.router)
+
+    @app.get("/", include_in_schema=False)
+    async def web_chat() -> FileResponse:
+        return FileResponse(STATIC_DIR / "index.html")
+
+    return app

@@ -1,0 +1,293 @@
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import datetime, timezone
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Request
+from loguru import logger
+from sqlalchemy import select
+from sse_starlette import EventSourceResponse
+
+from oasst_inference_server import events
+from oasst_inference_server.broker import is_stream_id
+from oasst_inference_server.chat_store import (
+    chat_messages,
+    get_chat_message,
+    get_own_chat,
+    title_from_prompt,
+    to_chat_list_read,
+    to_chat_read,
+)
+from oasst_inference_server.deps import BrokerDep, CurrentUser, RegistryDep, SessionDep, SettingsDep
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.message_lifecycle import MessageLifecycle, to_message_read
+from oasst_inference_server.models import DbChat, DbMessage, utcnow
+from oasst_shared.schemas import (
+    ChatRead,
+    CreateAssistantMessageRequest,
+    CreateChatRequest,
+    CreatePrompterMessageRequest,
+    ErrorBody,
+    ListChatsResponse,
+    MessageRead,
+    MessageState,
+    Role,
+)
+
+router = APIRouter(prefix="/chats", tags=["chats"])
+
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Not authenticated"},
+}
+_ID_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_AUTH_ERRORS,
+    404: {"model": ErrorBody, "description": "No such chat or message for this user"},
+}
+_TERMINAL_GRACE_SECONDS = 2.0
+_REPLY_STATES = (MessageState.complete.value, MessageState.cancelled.value)
+
+
+def _lifecycle(request: Request) -> MessageLifecycle:
+    return request.app.state.lifecycle
+
+
+@router.post("", response_model=ChatRead, responses=_AUTH_ERRORS)
+async def create_chat(
+    user: CurrentUser, session: SessionDep, body: CreateChatRequest | None = None
+) -> ChatRead:
+    chat = DbChat(user_id=user.id, title=body.title if body else None)
+    session.add(chat)
+    await session.commit()
+    return to_chat_read(chat, [])
+
+
+@router.get("", response_model=ListChatsResponse, responses=_AUTH_ERRORS)
+async def list_chats(user: CurrentUser, session: SessionDep) -> ListChatsResponse:
+    result = await session.execute(
+        select(DbChat)
+        .where(DbChat.user_id == user.id, DbChat.hidden == False)  # noqa: E712 - SQL expression
+        .order_by(DbChat.created_at.desc())
+        .limit(100)
+    )
+    return ListChatsResponse(chats=[to_chat_list_read(c) for c in result.scalars().all()])
+
+
+@router.get("/{chat_id}", response_model=ChatRead, responses=_ID_ERRORS)
+async def get_chat(chat_id: str, user: CurrentUser, session: SessionDep) -> ChatRead:
+    chat = await get_own_chat(session, user, chat_id)
+    return to_chat_read(chat, await chat_messages(session, chat.id))
+
+
+@router.post(
+    "/{chat_id}/prompter_message",
+    response_model=MessageRead,
+    responses={**_ID_ERRORS, 400: {"model": ErrorBody, "description": "Bad parent message"}},
+)
+async def create_prompter_message(
+    chat_id: str, body: CreatePrompterMessageRequest, user: CurrentUser, session: SessionDep
+) -> MessageRead:
+    """Add the user's message, as the first message of the chat or as a reply to an assistant message."""
+    chat = await get_own_chat(session, user, chat_id)
+    if not body.content.strip():
+        raise ApiError(422, "empty_message", "the message is empty")
+    if body.parent_id is None:
+        has_root = (
+            await session.execute(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
+        ).first()
+        if has_root:
+            raise ApiError(400, "parent_required", "the chat already has messages: give parent_id")
+    else:
+        parent = await session.get(DbMessage, body.parent_id)
+        if parent is None or parent.chat_id != chat.id:
+            raise ApiError(400, "parent_not_found", f"parent message {body.parent_id} is not in this chat")
+        if parent.role != Role.assistant.value:
+            raise ApiError(400, "parent_not_assistant", "a prompter message must answer an assistant message")
+        if parent.state not in _REPLY_STATES:
+            raise ApiError(400, "parent_not_complete", f"the parent message is {parent.state}")
+    message = DbMessage(
+        chat_id=chat.id,
+        parent_id=body.parent_id,
+        role=Role.prompter.value,
+        content=body.content,
+        state=MessageState.manual.value,
+    )
+    session.add(message)
+    chat.modified_at = utcnow()
+    chat.active_thread_tail_message_id = message.id
+    if chat.title is None:
+        chat.title = title_from_prompt(body.content)
+    session.add(chat)
+    await session.commit()
+    return to_message_read(message)
+
+
+@router.post(
+    "/{chat_id}/assistant_message",
+    response_model=MessageRead,
+    responses={
+        **_ID_ERRORS,
+        400: {"model": ErrorBody, "description": "Bad parent message or unknown model"},
+        503: {"model": ErrorBody, "description": "No worker serves the model right now"},
+    },
+)
+async def create_assistant_message(
+    request: Request,
+    chat_id: str,
+    body: CreateAssistantMessageRequest,
+    user: CurrentUser,
+    session: SessionDep,
+    registry: RegistryDep,
+) -> MessageRead:
+    """Queue an answer to a prompter message; stream it from ``.../messages/{id}/events``."""
+    chat = await get_own_chat(session, user, chat_id)
+    parent = await session.get(DbMessage, body.parent_id)
+    if parent is None or parent.chat_id != chat.id:
+        raise ApiError(400, "parent_not_found", f"parent message {body.parent_id} is not in this chat")
+    if parent.role != Role.prompter.value:
+        raise ApiError(400, "parent_not_prompter", "an assistant message must answer a prompter message")
+    live = await registry.live_models()
+    if body.model_config_name not in live:
+        available = ", ".join(sorted(live)) or "none"
+        if body.model_config_name in registry.known_model_names(live):
+            raise ApiError(
+                503,
+                "no_worker",
+                f"no worker serves model {body.model_config_name!r} right now; available: {available}",
+            )
+        raise ApiError(
+            400, "unknown_model", f"unknown model {body.model_config_name!r}; available models: {available}"
+        )
+    now = utcnow()
+    message = DbMessage(
+        chat_id=chat.id,
+        parent_id=parent.id,
+        role=Role.assistant.value,
+        state=MessageState.pending.value,
+        model_config_name=body.model_config_name,
+        sampling_parameters=body.sampling_parameters.model_dump(mode="json"),
+        system_prompt=body.system_prompt,
+        enqueued_at=now,
+    )
+    session.add(message)
+    chat.modified_at = now
+    chat.active_thread_tail_message_id = message.id
+    session.add(chat)
+    await session.commit()
+    try:
+        await _lifecycle(request).enqueue(message)
+    except Exception as exc:
+        # The message is safely pending in the database; the recovery loop re-queues it.
+        logger.opt(exception=exc).error("could not queue message {}", message.id)
+    return to_message_read(message)
+
+
+@router.get("/{chat_id}/messages/{message_id}", response_model=MessageRead, responses=_ID_ERRORS)
+async def get_message(chat_id: str, message_id: str, user: CurrentUser, session: SessionDep) -> MessageRead:
+    chat = await get_own_chat(session, user, chat_id)
+    return to_message_read(await get_chat_message(session, chat, message_id))
+
+
+@router.post("/{chat_id}/messages/{message_id}/cancel", response_model=MessageRead, responses=_ID_ERRORS)
+async def cancel_message(
+    request: Request, chat_id: str, message_id: str, user: CurrentUser, session: SessionDep, broker: BrokerDep
+) -> MessageRead:
+    """Stop generating: a pending message ends at once, a running one after its worker stops."""
+    chat = await get_own_chat(session, user, chat_id)
+    message = await get_chat_message(session, chat, message_id)
+    lifecycle = _lifecycle(request)
+    await lifecycle.request_cancel(message)
+    refreshed = await lifecycle.get(message.id)
+    assert refreshed is not None
+    return to_message_read(refreshed)
+
+
+@router.get(
+    "/{chat_id}/messages/{message_id}/events",
+    responses={
+        **_ID_ERRORS,
+        200: {"content": {"text/event-stream": {}}, "description": "Server-sent events of the message"},
+    },
+)
+async def message_events(
+    request: Request,
+    chat_id: str,
+    message_id: str,
+    user: CurrentUser,
+    session: SessionDep,
+    broker: BrokerDep,
+    settings: SettingsDep,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> EventSourceResponse:
+    """Stream ``pending``, ``token`` and ``retry`` events, then one ``message`` or ``error`` event.
+
+    Every stored event carries an id; reconnect with ``Last-Event-ID`` to get the rest, once.
+    """
+    chat = await get_own_chat(session, user, chat_id)
+    message = await get_chat_message(session, chat, message_id)
+    if last_event_id is not None and not is_stream_id(last_event_id):
+        raise ApiError(
+            400, "invalid_last_event_id", f"Last-Event-ID {last_event_id[:40]!r} is not an event id"
+        )
+    if message.role != Role.assistant.value:
+        raise ApiError(400, "not_assistant_message", "only assistant messages have events")
+    await session.close()  # do not hold a database connection for the life of the stream
+    stream = _event_stream(request, _lifecycle(request), broker, settings, message_id, last_event_id)
+    return EventSourceResponse(
+        stream, ping=int(settings.sse_ping_interval), headers={"X-Accel-Buffering": "no"}
+    )
+
+
+async def _event_stream(
+    request: Request,
+    lifecycle: MessageLifecycle,
+    broker: BrokerDep,
+    settings: SettingsDep,
+    message_id: str,
+    after: str | None,
+) -> AsyncIterator[dict[str, str]]:
+    stream = events.stream_name(message_id)
+    message = await lifecycle.get(message_id)
+    if message is None:
+        return
+    if message.state == MessageState.pending.value and after is None:
+        position, size = await lifecycle.queue_position(message)
+        yield {"data": events.pending_event(position, size)}
+    while True:
+        entries = await broker.read_events(stream, after, timeout=settings.pending_update_interval)
+        for entry in entries:
+            yield {"id": entry.id, "data": entry.data}
+            after = entry.id
+            if events.is_terminal(entry.data):
+                return
+        if entries:
+            continue
+        if await request.is_disconnected():
+            return
+        message = await lifecycle.get(message_id)
+        if message is None:
+            return
+        state = MessageState(message.state)
+        if state.is_terminal:
+            # The database is updated just before the terminal event is appended: give it a moment
+            # to land, so the reader gets it with its id. Without a stream (expired), the
+            # database has the final word.
+            recent = (
+                message.finished_at is None or (utcnow() - _aware(message.finished_at)).total_seconds() < 30
+            )
+            grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
+            while late := await broker.read_events(stream, after, timeout=grace):
+                for entry in late:
+                    yield {"id": entry.id, "data": entry.data}
+                    after = entry.id
+                    if events.is_terminal(entry.data):
+                        return
+            yield {"data": lifecycle.final_event(message)}
+            return
+        if state == MessageState.pending:
+            position, size = await lifecycle.queue_position(message)
+            yield {"data": events.pending_event(position, size)}
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

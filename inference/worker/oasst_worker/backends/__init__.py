@@ -1,0 +1,4 @@
+from oasst_worker.backends.base import Backend, BackendError, BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.backends.factory import create_backend
+
+__all__ = ["Backend", "BackendError", "BackendInfo", "GenerationResult", "StreamedToken", "create_backend"]

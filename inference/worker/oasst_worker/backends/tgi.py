@@ -1,0 +1,138 @@
+"""Hugging Face text-generation-inference through its own client (``text_generation.AsyncClient``).
+
+Works with TGI and with the bundled CPU backend, which speaks the same HTTP API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator
+
+import httpx
+from text_generation import AsyncClient
+from text_generation import errors as tgi_errors
+
+from oasst_shared.sampling import SamplingParameters
+from oasst_worker.backends.base import Backend, BackendError, BackendInfo, GenerationResult, StreamedToken
+
+# Errors another worker, or the same backend later, may not repeat.
+_RETRYABLE = (
+    tgi_errors.OverloadedError,
+    tgi_errors.ShardNotReadyError,
+    tgi_errors.ShardTimeoutError,
+    tgi_errors.RateLimitExceededError,
+    tgi_errors.IncompleteGenerationError,
+    tgi_errors.UnknownError,
+)
+_FINISH_REASONS = {"length": "length", "eos_token": "eos_token", "stop_sequence": "stop_sequence"}
+
+
+def tgi_parameters(params: SamplingParameters, max_new_tokens: int) -> dict[str, object]:
+    """Translate our sampling parameters into the keyword arguments TGI's client accepts.
+
+    TGI refuses temperature <= 0 and top_p/typical_p >= 1: those mean "greedy" and "off" here.
+    """
+    greedy = params.is_greedy
+    return {
+        "do_sample": not greedy and params.do_sample is not False,
+        "max_new_tokens": max_new_tokens,
+        "repetition_penalty": params.repetition_penalty,
+        "seed": params.seed,
+        "stop_sequences": list(params.stop),
+        "temperature": None if greedy or not params.temperature else params.temperature,
+        "top_k": None if greedy else params.top_k,
+        "top_p": None if greedy or params.top_p is None or params.top_p >= 1.0 else params.top_p,
+        "typical_p": None
+        if greedy or params.typical_p is None or params.typical_p >= 1.0
+        else params.typical_p,
+    }
+
+
+class TgiBackend(Backend):
+    def __init__(self, base_url: str, *, token_timeout: float, generation_timeout: float):
+        self._base_url = base_url.rstrip("/")
+        # The client's timeout bounds a whole generation; the stall timeout between tokens is ours.
+        self._client = AsyncClient(self._base_url, timeout=int(max(1, generation_timeout)))
+        self._token_timeout = token_timeout
+        self._http = httpx.AsyncClient(base_url=self._base_url, timeout=httpx.Timeout(10.0))
+
+    async def info(self) -> BackendInfo:
+        try:
+            response = await self._http.get("/info")
+            response.raise_for_status()
+            data = response.json()
+        except (httpx.HTTPError, ValueError) as exc:
+            raise BackendError(f"backend /info failed: {exc}", retryable=True) from None
+        return BackendInfo(
+            model_id=data.get("model_id"),
+            chat_template=data.get("chat_template"),
+            bos_token=data.get("bos_token"),
+            eos_token=data.get("eos_token"),
+            max_input_length=data.get("max_input_length") or data.get("max_input_tokens"),
+            max_total_tokens=data.get("max_total_tokens"),
+        )
+
+    async def healthy(self) -> bool:
+        try:
+            response = await self._http.get("/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def count_tokens(self, text: str) -> int | None:
+        try:
+            response = await self._http.post("/tokenize", json={"inputs": text})
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        tokens = response.json()
+        return len(tokens) if isinstance(tokens, list) else None
+
+    async def generate_stream(
+        self, prompt: str, params: SamplingParameters, max_new_tokens: int
+    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+        generated = 0
+        stream = self._client.generate_stream(prompt, **tgi_parameters(params, max_new_tokens))
+        try:
+            while True:
+                try:
+                    response = await asyncio.wait_for(stream.__anext__(), timeout=self._token_timeout)
+                except StopAsyncIteration:
+                    break
+                token = response.token
+                if not token.special:
+                    yield StreamedToken(text=token.text, token_id=token.id, logprob=token.logprob)
+                generated += 1
+                if response.details is not None:
+                    reason = str(
+                        getattr(response.details.finish_reason, "value", response.details.finish_reason)
+                    )
+                    yield GenerationResult(
+                        text=response.generated_text or "",
+                        finish_reason=_FINISH_REASONS.get(reason, "length"),
+                        generated_tokens=response.details.generated_tokens or generated,
+                    )
+                    return
+        except tgi_errors.ValidationError as exc:
+            raise BackendError(f"the backend refused the request: {exc}", retryable=False) from None
+        except _RETRYABLE as exc:
+            raise BackendError(f"backend error: {exc}", retryable=True) from None
+        except (tgi_errors.GenerationError, tgi_errors.BadRequestError, tgi_errors.NotFoundError) as exc:
+            raise BackendError(f"backend error: {exc}", retryable=False) from None
+        except asyncio.TimeoutError:
+            raise BackendError(
+                f"the backend sent no token for {self._token_timeout:.0f}s", retryable=True
+            ) from None
+        except OSError as exc:
+            raise BackendError(f"backend connection failed: {exc}", retryable=True) from None
+        except Exception as exc:  # aiohttp's own errors and malformed payloads
+            if type(exc).__module__.startswith("aiohttp"):
+                raise BackendError(f"backend connection failed: {exc}", retryable=True) from None
+            raise
+        finally:
+            await stream.aclose()  # closes the HTTP stream, so the backend stops generating
+        raise BackendError("the backend stream ended without a final result", retryable=True)
+
+    async def close(self) -> None:
+        await self._http.aclose()

@@ -1,0 +1,89 @@
+"""Run one job: build the prompt, stream from the backend, report tokens and the result."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import aclosing
+
+from loguru import logger
+from pydantic import BaseModel
+
+from oasst_shared.chat_template import ChatTemplateError
+from oasst_shared.model_configs import ModelConfig
+from oasst_shared.protocol import GeneratedText, Token, Work, WorkerError
+from oasst_worker.backends import Backend, BackendError, GenerationResult
+from oasst_worker.prompting import PromptBuilder
+from oasst_worker.stop_sequences import StopSequenceFilter
+
+Send = Callable[[BaseModel], Awaitable[None]]
+
+
+class Job:
+    def __init__(self, work: Work, *, backend: Backend, prompts: PromptBuilder, model_config: ModelConfig):
+        self.work = work
+        self._backend = backend
+        self._prompts = prompts
+        self._config = model_config
+        self.cancel_requested = False
+        self._text: list[str] = []
+        self._generated = 0
+        self._prompt_tokens: int | None = None
+
+    async def run(self, send: Send) -> None:
+        message_id = self.work.message_id
+        try:
+            result = await self._generate(send)
+        except asyncio.CancelledError:
+            if not self.cancel_requested:
+                raise
+            logger.info("message {} cancelled after {} tokens", message_id, self._generated)
+            result = GeneratedText(
+                message_id=message_id,
+                text="".join(self._text),
+                finish_reason="cancelled",
+                generated_tokens=self._generated,
+                prompt_tokens=self._prompt_tokens,
+            )
+        except BackendError as exc:
+            logger.warning("message {} failed at the backend: {}", message_id, exc)
+            await send(WorkerError(message_id=message_id, error=str(exc), retryable=exc.retryable))
+            return
+        except ChatTemplateError as exc:
+            await send(WorkerError(message_id=message_id, error=str(exc), retryable=False))
+            return
+        await send(result)
+
+    async def _generate(self, send: Send) -> GeneratedText:
+        work = self.work
+        prompt = await self._prompts.build(work)
+        self._prompt_tokens = prompt.tokens
+        params = work.sampling_parameters
+        max_new_tokens = self._config.cap_max_new_tokens(params.max_new_tokens, prompt.tokens)
+        stops = StopSequenceFilter([*params.stop, *self._config.stop_sequences])
+        finish_reason = "length"
+        # aclosing: leaving the loop early closes the backend's HTTP stream at once, not at GC time.
+        async with aclosing(self._backend.generate_stream(prompt.text, params, max_new_tokens)) as stream:
+            async for item in stream:
+                if isinstance(item, GenerationResult):
+                    await self._emit(send, stops.flush())
+                    finish_reason = item.finish_reason
+                    self._generated = max(self._generated, item.generated_tokens)
+                    break
+                self._generated += 1
+                await self._emit(send, stops.push(item.text))
+                if stops.stopped:
+                    finish_reason = "stop_sequence"
+                    break
+        return GeneratedText(
+            message_id=work.message_id,
+            text="".join(self._text),
+            finish_reason=finish_reason,
+            generated_tokens=self._generated,
+            prompt_tokens=prompt.tokens,
+        )
+
+    async def _emit(self, send: Send, text: str) -> None:
+        if text:
+            self._text.append(text)
+            await send(Token(message_id=self.work.message_id, text=text))

@@ -1,0 +1,147 @@
+"""Render a conversation into a prompt with a Jinja chat template (the Hugging Face convention).
+
+Templates see ``messages`` (a list of ``{"role", "content"}``), ``add_generation_prompt``,
+``bos_token``, ``eos_token`` and ``raise_exception``, exactly as ``transformers`` provides them, so
+the template stored in a model's GGUF metadata or ``tokenizer_config.json`` works unchanged.
+
+:func:`render_truncated` fits the prompt into a token budget: it always keeps the system prompt and
+the newest turn and drops the oldest turns first.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from oasst_shared.protocol import ChatTurn
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+TokenCounter = Callable[[str], int] | Callable[[str], Awaitable[int]]
+
+
+class ChatTemplateError(ValueError):
+    """The template is invalid, raised an exception, or the conversation cannot fit."""
+
+
+def approximate_token_count(text: str) -> int:
+    """A conservative estimate (about 3 characters a token) for when no tokenizer is at hand."""
+    return len(text) // 3 + 1
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+@lru_cache(maxsize=32)
+def _compile(template: str) -> Any:
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env.globals["raise_exception"] = _raise_exception
+    try:
+        return env.from_string(template)
+    except TemplateError as exc:
+        raise ChatTemplateError(f"invalid chat template: {exc}") from None
+
+
+def render(
+    template: str,
+    turns: Sequence[ChatTurn],
+    *,
+    system_prompt: str | None = None,
+    add_generation_prompt: bool = True,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> str:
+    """Render ``turns`` (after an optional system prompt) with ``template``."""
+    messages: list[dict[str, str]] = []
+    if system_prompt:
+        messages.append({"role": "system", "content": system_prompt})
+    messages.extend({"role": t.role, "content": t.content} for t in turns)
+    try:
+        return str(
+            _compile(template).render(
+                messages=messages,
+                add_generation_prompt=add_generation_prompt,
+                bos_token=bos_token,
+                eos_token=eos_token,
+            )
+        )
+    except TemplateError as exc:
+        raise ChatTemplateError(f"chat template failed: {exc}") from None
+
+
+@dataclass(frozen=True)
+class RenderedPrompt:
+    text: str
+    prompt_tokens: int
+    dropped_turns: int
+
+
+async def render_truncated(
+    template: str,
+    turns: Sequence[ChatTurn],
+    *,
+    max_input_tokens: int,
+    count_tokens: TokenCounter = approximate_token_count,
+    system_prompt: str | None = None,
+    bos_token: str = "",
+    eos_token: str = "",
+) -> RenderedPrompt:
+    """Render the newest suffix of ``turns`` that fits in ``max_input_tokens``.
+
+    ``count_tokens`` may be a plain or an async function (e.g. a call to the backend's tokenizer).
+
+    A leading ``system`` turn in ``turns`` is treated like ``system_prompt``: it is always kept.
+    Turns are dropped oldest first, and a leading assistant turn left over after dropping is dropped
+    too, so the kept conversation starts with the user. Raises :class:`ChatTemplateError` when even
+    the system prompt and the newest turn do not fit.
+    """
+    turns = list(turns)
+    if turns and turns[0].role == "system":
+        leading = turns.pop(0).content
+        system_prompt = f"{system_prompt}\n\n{leading}" if system_prompt else leading
+    if not turns:
+        raise ChatTemplateError("the conversation has no turns to answer")
+
+    async def _render(start: int) -> tuple[str, int]:
+        text = render(
+            template, turns[start:], system_prompt=system_prompt, bos_token=bos_token, eos_token=eos_token
+        )
+        count = count_tokens(text)
+        if inspect.isawaitable(count):
+            count = await count
+        return text, int(count)
+
+    # Binary search for the smallest start index that fits: token counts only shrink as start grows.
+    lo, hi = 0, len(turns) - 1
+    text, tokens = await _render(hi)
+    if tokens > max_input_tokens:
+        raise ChatTemplateError(
+            f"the newest message and system prompt need {tokens} tokens, more than the model's "
+            f"input limit of {max_input_tokens}"
+        )
+    best = (hi, text, tokens)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        text, tokens = await _render(mid)
+        if tokens <= max_input_tokens:
+            best = (mid, text, tokens)
+            hi = mid
+        else:
+            lo = mid + 1
+    start, text, tokens = best
+    while start < len(turns) - 1 and turns[start].role == "assistant":
+        start += 1
+        text, tokens = await _render(start)
+    return RenderedPrompt(text=text, prompt_tokens=tokens, dropped_turns=start)

@@ -1,0 +1,192 @@
+"""The worker <-> server websocket protocol.
+
+Every frame is one JSON object with a ``type`` field; :data:`ServerFrame` and :data:`WorkerFrame` are
+pydantic discriminated unions over it, so a frame is parsed and validated in one step:
+
+    frame = parse_worker_frame(text)      # raises ProtocolError on anything malformed
+
+Handshake: the worker opens ``/workers/work`` with the headers ``X-API-Key`` and
+``X-Protocol-Version`` (:data:`PROTOCOL_VERSION`); its first frame is a :class:`WorkerInfo`.
+Then the server sends :class:`Work`, :class:`Cancel` and :class:`Ping`; the worker answers with
+:class:`Pong`, :class:`Token`, :class:`GeneratedText`, :class:`WorkerError` and :class:`Drain`.
+
+Bump :data:`PROTOCOL_VERSION` on any change an older peer would misread; the server refuses workers
+older than :data:`MIN_SUPPORTED_PROTOCOL_VERSION` and tells them to upgrade.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from oasst_shared.model_configs import ModelConfig
+from oasst_shared.sampling import SamplingParameters
+
+PROTOCOL_VERSION = 1
+MIN_SUPPORTED_PROTOCOL_VERSION = 1
+
+API_KEY_HEADER = "X-API-Key"
+PROTOCOL_VERSION_HEADER = "X-Protocol-Version"
+
+# Websocket close codes (RFC 6455 and the private 4000-4999 range).
+CLOSE_POLICY_VIOLATION = 1008
+CLOSE_GOING_AWAY = 1001
+CLOSE_UNSUPPORTED_PROTOCOL = 4000
+CLOSE_UNAUTHORIZED = 4001
+
+FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled"]
+BackendKind = Literal["tgi", "openai", "cpu", "embedding", "fake"]
+Role = Literal["system", "user", "assistant"]
+
+
+class ProtocolError(ValueError):
+    """A frame that is not valid JSON or does not match the schema."""
+
+
+class _Frame(BaseModel):
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+
+class Hardware(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    cpu_count: int | None = None
+    memory_bytes: int | None = None
+    gpus: list[str] = Field(default_factory=list)
+
+
+class ChatTurn(BaseModel):
+    """One turn of the conversation a worker renders into a prompt."""
+
+    role: Role
+    content: str
+
+
+# ---------------------------------------------------------------- worker -> server
+
+
+class WorkerInfo(_Frame):
+    """The worker's first frame: what it serves and how much at once."""
+
+    type: Literal["worker_info"] = "worker_info"
+    model_config_: ModelConfig = Field(alias="model_config")
+    max_parallel_requests: int = Field(ge=1, le=1024)
+    backend_kind: BackendKind
+    worker_version: str = "unknown"
+    hardware: Hardware = Field(default_factory=Hardware)
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
+
+
+class Pong(_Frame):
+    type: Literal["pong"] = "pong"
+    ping_id: str
+    free_slots: int = Field(ge=0)
+    backend_healthy: bool = True
+    backend_queue_length: int | None = None
+    kv_cache_free_tokens: int | None = None
+
+
+class Token(_Frame):
+    type: Literal["token"] = "token"
+    message_id: str
+    text: str
+    token_id: int | None = None
+    logprob: float | None = None
+
+
+class GeneratedText(_Frame):
+    type: Literal["generated_text"] = "generated_text"
+    message_id: str
+    text: str
+    finish_reason: FinishReason
+    generated_tokens: int = Field(ge=0)
+    prompt_tokens: int | None = Field(default=None, ge=0)
+
+
+class WorkerError(_Frame):
+    """A job failed at the worker. ``retryable`` tells the server another worker may succeed."""
+
+    type: Literal["error"] = "error"
+    message_id: str | None = None
+    error: str
+    retryable: bool = False
+
+
+class Drain(_Frame):
+    """The worker finishes its in-flight work and takes nothing new."""
+
+    type: Literal["drain"] = "drain"
+
+
+WorkerFrame = Annotated[
+    WorkerInfo | Pong | Token | GeneratedText | WorkerError | Drain,
+    Field(discriminator="type"),
+]
+
+# ---------------------------------------------------------------- server -> worker
+
+
+class Work(_Frame):
+    """Generate one assistant message for this conversation."""
+
+    type: Literal["work"] = "work"
+    message_id: str
+    chat_id: str | None = None
+    model_config_name: str
+    thread: list[ChatTurn] = Field(min_length=1)
+    system_prompt: str | None = None
+    sampling_parameters: SamplingParameters = Field(default_factory=SamplingParameters)
+    # A raw prompt bypasses chat-template rendering (the /v1/completions path).
+    raw_prompt: str | None = None
+    attempt: int = Field(default=1, ge=1)
+
+
+class Cancel(_Frame):
+    type: Literal["cancel"] = "cancel"
+    message_id: str
+
+
+class Ping(_Frame):
+    type: Literal["ping"] = "ping"
+    ping_id: str
+
+
+class UpgradeRequired(_Frame):
+    """Sent before closing a worker whose protocol version the server no longer speaks."""
+
+    type: Literal["upgrade_required"] = "upgrade_required"
+    server_protocol_version: int
+    min_supported_version: int
+    detail: str
+
+
+ServerFrame = Annotated[Work | Cancel | Ping | UpgradeRequired, Field(discriminator="type")]
+
+_worker_frame_adapter: TypeAdapter[WorkerFrame] = TypeAdapter(WorkerFrame)
+_server_frame_adapter: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
+
+
+def parse_worker_frame(data: str | bytes) -> WorkerInfo | Pong | Token | GeneratedText | WorkerError | Drain:
+    try:
+        return _worker_frame_adapter.validate_json(data)
+    except ValidationError as exc:
+        raise ProtocolError(_short_error(exc)) from None
+
+
+def parse_server_frame(data: str | bytes) -> Work | Cancel | Ping | UpgradeRequired:
+    try:
+        return _server_frame_adapter.validate_json(data)
+    except ValidationError as exc:
+        raise ProtocolError(_short_error(exc)) from None
+
+
+def dump_frame(frame: BaseModel) -> str:
+    return frame.model_dump_json(by_alias=True, exclude_none=False)
+
+
+def _short_error(exc: ValidationError) -> str:
+    errors = exc.errors(include_url=False, include_input=False)
+    parts = [f"{'.'.join(str(p) for p in e['loc']) or '<frame>'}: {e['msg']}" for e in errors[:3]]
+    return "; ".join(parts)

@@ -1,0 +1,115 @@
+from __future__ import annotations
+
+import pytest
+
+from oasst_shared.chat_template import (
+    CHATML_TEMPLATE,
+    ChatTemplateError,
+    render,
+    render_truncated,
+)
+from oasst_shared.protocol import ChatTurn
+
+# The shape of a Hugging Face template that uses raise_exception and special tokens.
+STRICT_TEMPLATE = (
+    "{{ bos_token }}{% for m in messages %}"
+    "{% if m['role'] == 'assistant' and loop.first %}{{ raise_exception('must start with user') }}{% endif %}"
+    "[{{ m['role'] }}]{{ m['content'] }}{{ eos_token }}"
+    "{% endfor %}{% if add_generation_prompt %}[assistant]{% endif %}"
+)
+
+
+def turns(*pairs: tuple[str, str]) -> list[ChatTurn]:
+    return [ChatTurn(role=r, content=c) for r, c in pairs]  # type: ignore[arg-type]
+
+
+def word_count(text: str) -> int:
+    return len(text.split())
+
+
+def test_chatml_rendering():
+    text = render(CHATML_TEMPLATE, turns(("user", "hi")), system_prompt="sys")
+    assert (
+        text == "<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
+def test_special_tokens_and_generation_prompt():
+    text = render(STRICT_TEMPLATE, turns(("user", "a")), bos_token="<s>", eos_token="</s>")
+    assert text == "<s>[user]a</s>[assistant]"
+    no_prompt = render(STRICT_TEMPLATE, turns(("user", "a")), add_generation_prompt=False)
+    assert not no_prompt.endswith("[assistant]")
+
+
+def test_template_exceptions_become_chat_template_errors():
+    with pytest.raises(ChatTemplateError, match="must start with user"):
+        render(STRICT_TEMPLATE, turns(("assistant", "a")))
+    with pytest.raises(ChatTemplateError):
+        render("{% for %}", turns(("user", "a")))
+
+
+def test_sandbox_blocks_attribute_escapes():
+    with pytest.raises(ChatTemplateError):
+        render("{{ messages.__class__.__mro__[1].__subclasses__() }}", turns(("user", "a")))
+
+
+async def test_truncation_keeps_everything_when_it_fits():
+    conversation = turns(("user", "one"), ("assistant", "two"), ("user", "three"))
+    result = await render_truncated(
+        CHATML_TEMPLATE, conversation, max_input_tokens=1000, count_tokens=word_count
+    )
+    assert result.dropped_turns == 0
+    assert "one" in result.text and "three" in result.text
+    assert result.prompt_tokens == word_count(result.text)
+
+
+async def test_truncation_drops_oldest_turns_and_keeps_system_prompt():
+    conversation = turns(
+        ("user", "old " * 50),
+        ("assistant", "older answer " * 20),
+        ("user", "middle question"),
+        ("assistant", "middle answer"),
+        ("user", "newest question"),
+    )
+    result = await render_truncated(
+        CHATML_TEMPLATE, conversation, max_input_tokens=20, count_tokens=word_count, system_prompt="be brief"
+    )
+    assert "be brief" in result.text
+    assert "newest question" in result.text
+    assert "old old" not in result.text
+    assert result.prompt_tokens <= 20
+    # What is kept starts with a user turn, never a dangling assistant answer.
+    first_turn = result.text.split("<|im_start|>")[2]
+    assert first_turn.startswith("user")
+
+
+async def test_leading_system_turn_is_kept_like_a_system_prompt():
+    conversation = turns(
+        ("system", "SYSTEM RULES"), ("user", "x " * 100), ("assistant", "y"), ("user", "last")
+    )
+    result = await render_truncated(
+        CHATML_TEMPLATE, conversation, max_input_tokens=15, count_tokens=word_count
+    )
+    assert "SYSTEM RULES" in result.text and "last" in result.text and "x x" not in result.text
+
+
+async def test_async_token_counter():
+    async def count(text: str) -> int:
+        return word_count(text)
+
+    result = await render_truncated(
+        CHATML_TEMPLATE, turns(("user", "hi")), max_input_tokens=50, count_tokens=count
+    )
+    assert result.prompt_tokens == word_count(result.text)
+
+
+async def test_newest_turn_too_long_is_an_error():
+    with pytest.raises(ChatTemplateError, match="input limit"):
+        await render_truncated(
+            CHATML_TEMPLATE, turns(("user", "word " * 100)), max_input_tokens=10, count_tokens=word_count
+        )
+
+
+async def test_no_turns_is_an_error():
+    with pytest.raises(ChatTemplateError):
+        await render_truncated(CHATML_TEMPLATE, [], max_input_tokens=10)

@@ -1,0 +1,138 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from oasst_shared.model_configs import SMOLLM2_135M, ModelConfig
+from oasst_shared.protocol import (
+    Cancel,
+    ChatTurn,
+    Drain,
+    GeneratedText,
+    Ping,
+    Pong,
+    ProtocolError,
+    Token,
+    UpgradeRequired,
+    Work,
+    WorkerError,
+    WorkerInfo,
+    dump_frame,
+    parse_server_frame,
+    parse_worker_frame,
+)
+from oasst_shared.sampling import SamplingParameters
+
+WORKER_FRAMES = [
+    WorkerInfo(model_config=SMOLLM2_135M, max_parallel_requests=4, backend_kind="tgi", worker_version="1"),
+    Pong(ping_id="p1", free_slots=2, backend_healthy=False, backend_queue_length=3, kv_cache_free_tokens=100),
+    Token(message_id="m", text="hé", token_id=5, logprob=-0.5),
+    GeneratedText(
+        message_id="m", text="hello", finish_reason="eos_token", generated_tokens=3, prompt_tokens=9
+    ),
+    WorkerError(message_id="m", error="boom", retryable=True),
+    WorkerError(error="backend down"),
+    Drain(),
+]
+SERVER_FRAMES = [
+    Work(
+        message_id="m",
+        chat_id="c",
+        model_config_name="x",
+        thread=[ChatTurn(role="user", content="hi")],
+        system_prompt="be nice",
+        sampling_parameters=SamplingParameters(temperature=0.5, stop=["\n\n"], seed=1),
+        attempt=2,
+    ),
+    Cancel(message_id="m"),
+    Ping(ping_id="p"),
+    UpgradeRequired(server_protocol_version=2, min_supported_version=2, detail="upgrade"),
+]
+
+
+@pytest.mark.parametrize("frame", WORKER_FRAMES, ids=lambda f: f.type)
+def test_worker_frames_round_trip(frame):
+    assert parse_worker_frame(dump_frame(frame)) == frame
+
+
+@pytest.mark.parametrize("frame", SERVER_FRAMES, ids=lambda f: f.type)
+def test_server_frames_round_trip(frame):
+    assert parse_server_frame(dump_frame(frame)) == frame
+
+
+def test_worker_info_carries_the_model_config_under_its_wire_name():
+    data = json.loads(dump_frame(WORKER_FRAMES[0]))
+    assert data["model_config"]["name"] == SMOLLM2_135M.name
+    assert isinstance(parse_worker_frame(json.dumps(data)), WorkerInfo)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "not json",
+        "[]",
+        "{}",
+        '{"type": "teleport"}',
+        '{"type": "token", "message_id": "m"}',
+        '{"type": "pong", "ping_id": "p", "free_slots": -1}',
+        '{"type": "token", "message_id": "m", "text": "x", "surprise": 1}',
+        '{"type": "generated_text", "message_id": "m", "text": "", "finish_reason": "bored", "generated_tokens": 1}',
+    ],
+)
+def test_malformed_worker_frames_raise_protocol_error(raw):
+    with pytest.raises(ProtocolError):
+        parse_worker_frame(raw)
+
+
+def test_server_frames_are_not_worker_frames():
+    with pytest.raises(ProtocolError):
+        parse_worker_frame(dump_frame(Ping(ping_id="p")))
+
+
+def test_work_needs_a_thread():
+    with pytest.raises(ProtocolError):
+        parse_server_frame('{"type": "work", "message_id": "m", "model_config_name": "x", "thread": []}')
+
+
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"temperature": -0.1},
+        {"top_p": 0},
+        {"top_p": 1.5},
+        {"top_k": 0},
+        {"typical_p": 0},
+        {"repetition_penalty": 0},
+        {"max_new_tokens": 0},
+        {"seed": -1},
+        {"stop": [""]},
+        {"stop": ["a"] * 5},
+    ],
+)
+def test_invalid_sampling_parameters(params):
+    with pytest.raises(ValueError):
+        SamplingParameters.model_validate(params)
+
+
+def test_greedy_detection():
+    assert SamplingParameters(temperature=0).is_greedy
+    assert SamplingParameters(do_sample=False, temperature=0.7).is_greedy
+    assert not SamplingParameters(temperature=0.7).is_greedy
+    assert not SamplingParameters().is_greedy
+
+
+def test_model_config_checks_lengths_and_template():
+    with pytest.raises(ValueError):
+        ModelConfig(name="m", model_id="m", max_input_length=100, max_total_length=100)
+    with pytest.raises(ValueError):
+        ModelConfig(name="m", model_id="m", chat_template_source="inline")
+    with pytest.raises(ValueError):
+        ModelConfig(name="bad name!", model_id="m")
+
+
+def test_cap_max_new_tokens():
+    config = ModelConfig(name="m", model_id="m", max_input_length=100, max_total_length=200)
+    assert config.cap_max_new_tokens(50, prompt_tokens=100) == 50
+    assert config.cap_max_new_tokens(500, prompt_tokens=100) == 100
+    assert config.cap_max_new_tokens(500, prompt_tokens=199) == 1

@@ -1,0 +1,80 @@
+"""The worker websocket: handshake refusals and malformed frames affect only that connection."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import httpx
+import pytest
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+from conftest import WORKER_API_KEY
+from oasst_shared.model_configs import SMOLLM2_135M
+from oasst_shared.protocol import PROTOCOL_VERSION, WorkerInfo, dump_frame
+from tests.e2e.chat_api import ChatApi
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["embedded", "production"])
+def stack(request):
+    return request.getfixturevalue(f"{request.param}_stack")
+
+
+def headers(key: str = WORKER_API_KEY, version: int | str = PROTOCOL_VERSION) -> dict[str, str]:
+    return {"X-API-Key": key, "X-Protocol-Version": str(version)}
+
+
+def hello() -> str:
+    # A model of its own, so this fake worker is never handed a real chat's work.
+    config = SMOLLM2_135M.model_copy(update={"name": f"fake-{uuid.uuid4().hex[:6]}"})
+    return dump_frame(WorkerInfo(model_config=config, max_parallel_requests=1, backend_kind="fake"))
+
+
+async def test_wrong_api_key_is_refused(stack):
+    with pytest.raises(InvalidStatus) as refused:
+        await connect(f"{stack.ws_url}/workers/work", additional_headers=headers(key="wrong"))
+    assert refused.value.response.status_code == 403
+
+
+@pytest.mark.parametrize("version", [0, PROTOCOL_VERSION + 1, "x"])
+async def test_unsupported_protocol_version_is_told_to_upgrade(stack, version):
+    async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers(version=version)) as ws:
+        frame = json.loads(await asyncio.wait_for(ws.recv(), 5))
+        assert frame["type"] == "upgrade_required" and "upgrade" in frame["detail"]
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), 5)
+        assert ws.close_code == 4000
+
+
+@pytest.mark.parametrize(
+    "first_frame",
+    ["garbage", '{"type": "pong", "ping_id": "x", "free_slots": 1}', '{"type": "worker_info"}'],
+)
+async def test_a_bad_first_frame_closes_with_policy_violation(stack, first_frame):
+    async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers()) as ws:
+        await ws.send(first_frame)
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(ws.recv(), 5)
+        assert ws.close_code == 1008
+
+
+async def test_a_malformed_frame_closes_only_that_connection(stack):
+    async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers()) as ws:
+        await ws.send(hello())
+        await ws.send('{"type": "token", "message_id": 5}')
+        with pytest.raises(ConnectionClosed):
+            while True:
+                await asyncio.wait_for(ws.recv(), 5)  # pings may arrive first
+        assert ws.close_code == 1008
+    # The server and its real worker are unaffected: a chat still gets an answer.
+    async with httpx.AsyncClient(base_url=stack.url) as client:
+        assert (await client.get("/health")).status_code == 200
+    api = ChatApi(stack.url, f"user-{uuid.uuid4().hex[:8]}")
+    chat_id = api.create_chat()
+    _, events = await asyncio.to_thread(api.ask, chat_id, "Hi!", stack.model_name, max_new_tokens=4)
+    assert events[-1].data["event_type"] == "message"
+    assert events[-1].data["message"]["state"] == "complete"
