@@ -7,8 +7,9 @@ pydantic discriminated unions over it, so a frame is parsed and validated in one
 
 Handshake: the worker opens ``/workers/work`` with the headers ``X-API-Key`` and
 ``X-Protocol-Version`` (:data:`PROTOCOL_VERSION`); its first frame is a :class:`WorkerInfo`.
-Then the server sends :class:`Work`, :class:`Cancel` and :class:`Ping`; the worker answers with
-:class:`Pong`, :class:`Token`, :class:`GeneratedText`, :class:`WorkerError` and :class:`Drain`.
+Then the server sends :class:`Work` (or :class:`EmbedWork` to embedding workers), :class:`Cancel` and
+:class:`Ping`; the worker answers with :class:`Pong`, :class:`Token`, :class:`GeneratedText`,
+:class:`Embeddings`, :class:`WorkerError` and :class:`Drain`.
 
 Bump :data:`PROTOCOL_VERSION` on any change an older peer would misread; the server refuses workers
 older than :data:`MIN_SUPPORTED_PROTOCOL_VERSION` and tells them to upgrade.
@@ -105,6 +106,15 @@ class GeneratedText(_Frame):
     prompt_tokens: int | None = Field(default=None, ge=0)
 
 
+class Embeddings(_Frame):
+    """The result of an :class:`EmbedWork`: one vector per input, in input order."""
+
+    type: Literal["embeddings"] = "embeddings"
+    message_id: str
+    embeddings: list[list[float]] = Field(min_length=1)
+    prompt_tokens: int = Field(ge=0)
+
+
 class WorkerError(_Frame):
     """A job failed at the worker. ``retryable`` tells the server another worker may succeed."""
 
@@ -121,7 +131,7 @@ class Drain(_Frame):
 
 
 WorkerFrame = Annotated[
-    WorkerInfo | Pong | Token | GeneratedText | WorkerError | Drain,
+    WorkerInfo | Pong | Token | GeneratedText | Embeddings | WorkerError | Drain,
     Field(discriminator="type"),
 ]
 
@@ -140,6 +150,16 @@ class Work(_Frame):
     sampling_parameters: SamplingParameters = Field(default_factory=SamplingParameters)
     # A raw prompt bypasses chat-template rendering (the /v1/completions path).
     raw_prompt: str | None = None
+    attempt: int = Field(default=1, ge=1)
+
+
+class EmbedWork(_Frame):
+    """Embed each input with the worker's encoder model (workers whose model kind is ``embedding``)."""
+
+    type: Literal["embed"] = "embed"
+    message_id: str
+    model_config_name: str
+    inputs: list[str] = Field(min_length=1, max_length=2048)
     attempt: int = Field(default=1, ge=1)
 
 
@@ -162,20 +182,22 @@ class UpgradeRequired(_Frame):
     detail: str
 
 
-ServerFrame = Annotated[Work | Cancel | Ping | UpgradeRequired, Field(discriminator="type")]
+ServerFrame = Annotated[Work | EmbedWork | Cancel | Ping | UpgradeRequired, Field(discriminator="type")]
 
 _worker_frame_adapter: TypeAdapter[WorkerFrame] = TypeAdapter(WorkerFrame)
 _server_frame_adapter: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
 
 
-def parse_worker_frame(data: str | bytes) -> WorkerInfo | Pong | Token | GeneratedText | WorkerError | Drain:
+def parse_worker_frame(
+    data: str | bytes,
+) -> WorkerInfo | Pong | Token | GeneratedText | Embeddings | WorkerError | Drain:
     try:
         return _worker_frame_adapter.validate_json(data)
     except ValidationError as exc:
         raise ProtocolError(_short_error(exc)) from None
 
 
-def parse_server_frame(data: str | bytes) -> Work | Cancel | Ping | UpgradeRequired:
+def parse_server_frame(data: str | bytes) -> Work | EmbedWork | Cancel | Ping | UpgradeRequired:
     try:
         return _server_frame_adapter.validate_json(data)
     except ValidationError as exc:

@@ -64,7 +64,7 @@ class MessageRead(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
 
     id: str
-    chat_id: str
+    chat_id: str | None  # None for requests of the OpenAI-compatible API that are not stored as chats
     parent_id: str | None
     content: str | None
     created_at: datetime

@@ -20,7 +20,7 @@ from oasst_inference_server import events
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.models import DbMessage, utcnow
 from oasst_inference_server.settings import Settings
-from oasst_shared.protocol import Cancel, ChatTurn, GeneratedText, Work, dump_frame
+from oasst_shared.protocol import Cancel, ChatTurn, Embeddings, EmbedWork, GeneratedText, Work, dump_frame
 from oasst_shared.sampling import SamplingParameters
 from oasst_shared.schemas import MessageRead, MessageState, Role
 
@@ -81,7 +81,7 @@ class MessageLifecycle:
         assert message.model_config_name is not None
         await self._broker.push_work(events.work_queue_name(message.model_config_name), message.id)
 
-    async def claim(self, message_id: str, session_id: str) -> Work | None:
+    async def claim(self, message_id: str, session_id: str) -> Work | EmbedWork | None:
         """Atomically take a pending message for a worker session; None if someone else has it."""
         now = utcnow()
         async with self._sessions() as session:
@@ -102,7 +102,24 @@ class MessageLifecycle:
             await session.commit()
             message = await session.get(DbMessage, message_id)
             assert message is not None
+            return await self._work_frame(session, message)
+
+    async def _work_frame(self, session: AsyncSession, message: DbMessage) -> Work | EmbedWork:
+        payload = message.request_payload or {}
+        if message.kind == "embedding":
+            return EmbedWork(
+                message_id=message.id,
+                model_config_name=message.model_config_name or "",
+                inputs=list(payload.get("inputs", [])),
+                attempt=message.attempts,
+            )
+        if message.chat_id is not None and message.kind == "chat":
             thread = await self._thread(session, message)
+        else:
+            thread = [ChatTurn.model_validate(t) for t in payload.get("thread", [])]
+        raw_prompt = payload.get("raw_prompt")
+        if not thread:
+            thread = [ChatTurn(role="user", content=raw_prompt or "")]
         return Work(
             message_id=message.id,
             chat_id=message.chat_id,
@@ -110,6 +127,7 @@ class MessageLifecycle:
             thread=thread,
             system_prompt=message.system_prompt,
             sampling_parameters=SamplingParameters.model_validate(message.sampling_parameters or {}),
+            raw_prompt=raw_prompt,
             attempt=message.attempts,
         )
 
@@ -168,6 +186,23 @@ class MessageLifecycle:
         )
         logger.info(
             "message {} complete: {} tokens, {}", message.id, result.generated_tokens, result.finish_reason
+        )
+        return True
+
+    async def complete_embeddings(self, session_id: str, result: Embeddings) -> bool:
+        """Store the vectors of an embedding request; False if this session no longer owns it."""
+        message = await self._finish(
+            result.message_id,
+            session_id,
+            state=MessageState.complete,
+            result_payload={"embeddings": result.embeddings},
+            prompt_tokens=result.prompt_tokens,
+            generated_tokens=0,
+        )
+        if message is None:
+            return False
+        await self._broker.append_event(
+            events.stream_name(message.id), events.message_event(to_message_read(message)), terminal=True
         )
         return True
 

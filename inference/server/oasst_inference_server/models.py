@@ -52,7 +52,12 @@ class DbMessage(SQLModel, table=True):
     )
 
     id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
-    chat_id: str = Field(foreign_key="chat.id", max_length=36)
+    # "chat" messages belong to a chat; "completion" and "embedding" requests of the OpenAI-compatible
+    # API may not (see request_payload).
+    kind: str = Field(default="chat", max_length=16)
+    chat_id: str | None = Field(default=None, foreign_key="chat.id", max_length=36)
+    user_id: str | None = Field(default=None, foreign_key="user.id", max_length=36, index=True)
+    api_key_id: str | None = Field(default=None, max_length=36, index=True)
     parent_id: str | None = Field(default=None, foreign_key="message.id", max_length=36)
     role: str = Field(max_length=16)  # a oasst_shared.schemas.Role value
     content: str | None = None
@@ -70,6 +75,10 @@ class DbMessage(SQLModel, table=True):
     lease_deadline: datetime | None = None
     attempts: int = 0
     cancel_requested: bool = False
+    # For requests without a chat: the thread / raw prompt / embedding inputs to send the worker.
+    request_payload: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    # Results that are not text (embedding vectors).
+    result_payload: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     finish_reason: str | None = Field(default=None, max_length=32)
     generated_tokens: int | None = None
     prompt_tokens: int | None = None

@@ -34,6 +34,7 @@ from oasst_shared.protocol import (
     CLOSE_POLICY_VIOLATION,
     Cancel,
     Drain,
+    Embeddings,
     GeneratedText,
     Ping,
     Pong,
@@ -148,6 +149,10 @@ class WorkerConnection:
             elif isinstance(frame, GeneratedText):
                 if frame.message_id in self.in_flight:
                     await self._lifecycle.complete(self.session_id, frame)
+                    self._done(frame.message_id)
+            elif isinstance(frame, Embeddings):
+                if frame.message_id in self.in_flight:
+                    await self._lifecycle.complete_embeddings(self.session_id, frame)
                     self._done(frame.message_id)
             elif isinstance(frame, WorkerError):
                 await self._on_error(frame)

@@ -247,7 +247,7 @@ async def _await_result(request: Request, ticket: Ticket, deadline: float) -> Ge
                 ticket.cancel("client disconnected")
                 return await asyncio.shield(ticket.future)
             if not ticket.started.is_set():
-                ticket.cancel("timed out waiting for a free slot")
+                ticket.expire()
                 return None
     finally:
         watcher.cancel()
@@ -314,7 +314,7 @@ def _install_routes(app: FastAPI) -> None:
             except TimeoutError:
                 if ticket.started.is_set():
                     continue
-                ticket.cancel("timed out waiting for a free slot")
+                ticket.expire()
                 yield sse_error(_queue_timeout_message(backend), "overloaded")
                 return
             if step is None:

@@ -7,6 +7,7 @@ only when the thread has really stopped working on it, never merely when its HTT
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import itertools
 import threading
 import time
@@ -31,13 +32,25 @@ class Ticket:
         self.steps: asyncio.Queue[Step | None] | None = asyncio.Queue() if stream else None
         self.started = threading.Event()
         self.cancel_reason: str | None = None
+        self.expired = False
         self._cancel = threading.Event()
+        self._work: concurrent.futures.Future[GenerationResult] | None = None
         self.future: asyncio.Future[GenerationResult]
 
     def cancel(self, reason: str) -> None:
+        """Stop the generation within one token; a request still waiting is dropped from the queue at once,
+        so that it stops counting against max_concurrent_requests."""
         if not self._cancel.is_set():
             self.cancel_reason = reason
             self._cancel.set()
+        if self._work is not None:
+            self._work.cancel()
+
+    def expire(self) -> None:
+        """Give up on a request that waited too long for the model (it must not run any more)."""
+        if not self._cancel.is_set():
+            self.expired = True
+            self.cancel("timed out waiting for a free slot")
 
     def is_cancelled(self) -> bool:
         return self._cancel.is_set()
@@ -77,9 +90,10 @@ class Scheduler:
             ticket.started.set()
             self._metrics.queue_size.dec()
             if ticket.is_cancelled():
-                now = time.monotonic()
                 return GenerationResult(
-                    status="cancelled", prompt_tokens=len(job.prompt_tokens), finished_at=now
+                    status="queue_timeout" if ticket.expired else "cancelled",
+                    prompt_tokens=len(job.prompt_tokens),
+                    finished_at=time.monotonic(),
                 )
             self._metrics.running.inc()
             try:
@@ -89,7 +103,8 @@ class Scheduler:
 
         self._tickets.add(ticket)
         self._metrics.queue_size.inc()
-        ticket.future = asyncio.wrap_future(self._executor.submit(run), loop=loop)
+        ticket._work = self._executor.submit(run)
+        ticket.future = asyncio.wrap_future(ticket._work, loop=loop)
         ticket.future.add_done_callback(lambda _: self._finished(ticket))
         logger.debug(
             "request {} queued: {} prompt tokens, max_new_tokens={}, {} in flight",
@@ -108,8 +123,15 @@ class Scheduler:
             ticket.steps.put_nowait(None)
         future = ticket.future
         if future.cancelled():
-            self._metrics.requests.labels(outcome="cancelled").inc()
-            logger.info("request {} dropped from the queue (shutting down)", ticket.request_id)
+            if ticket.expired:
+                self._metrics.requests.labels(outcome="queue_timeout").inc()
+                logger.warning("request {} stopped: queue_timeout after 0 tokens", ticket.request_id)
+            else:
+                self._metrics.requests.labels(outcome="cancelled").inc()
+                self._metrics.cancellations.inc()
+                logger.info(
+                    "request {} cancelled after 0 tokens ({}, while queued)", ticket.request_id, ticket.cancel_reason
+                )
             return
         error = future.exception()
         if error is not None:

@@ -55,7 +55,12 @@ def test_a_client_timing_out_on_generate_stops_the_generation(backend: RunningBa
         httpx.post(f"{backend.url}/generate", json=body, timeout=httpx.Timeout(TIMEOUT, read=0.5))
     backend.wait_until(lambda: backend.metric(CANCELLED) == cancelled_before + 1)
     assert backend.cancelled_token_counts()[-1] < LONG
-    assert Client(backend.url, timeout=TIMEOUT).generate(COUNTING_PROMPT, max_new_tokens=3).details.generated_tokens == 3
+    assert (
+        Client(backend.url, timeout=TIMEOUT)
+        .generate(COUNTING_PROMPT, max_new_tokens=3)
+        .details.generated_tokens
+        == 3
+    )
 
 
 async def test_a_request_abandoned_in_the_queue_never_runs(backend: RunningBackend) -> None:
@@ -131,10 +136,16 @@ async def test_overload_queue_timeout_and_request_timeout(limited_backend: Runni
             received += 1
     assert received < LONG
 
+    # The expired tickets are counted once they pass the generation thread, right after A.
+    await asyncio.to_thread(
+        backend.wait_until,
+        lambda: backend.metric('oasst_cpu_backend_requests_total{outcome="queue_timeout"}') == 2,
+    )
     metrics = backend.metrics()
     assert metrics['oasst_cpu_backend_requests_total{outcome="overloaded"}'] == 2
-    assert metrics['oasst_cpu_backend_requests_total{outcome="queue_timeout"}'] == 2
     assert metrics['oasst_cpu_backend_requests_total{outcome="timeout"}'] == 1
+    assert metrics.get(CANCELLED, 0) == 0
+    assert metrics["oasst_cpu_backend_queue_size"] == 0
     # And the model serves again afterwards.
     after = await AsyncClient(url, timeout=TIMEOUT).generate(COUNTING_PROMPT, max_new_tokens=4)
     assert after.details.generated_tokens == 4

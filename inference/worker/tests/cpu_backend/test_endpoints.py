@@ -36,7 +36,9 @@ def test_info_describes_the_model_and_its_chat_format(backend: RunningBackend) -
     rendered = template.render(
         messages=[{"role": "user", "content": "What is the capital of France?"}], add_generation_prompt=True
     )
-    assert rendered.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n")
+    assert rendered.endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_tokenize_gives_ids_texts_and_offsets(backend: RunningBackend) -> None:
@@ -56,7 +58,9 @@ def test_tokenize_gives_ids_texts_and_offsets(backend: RunningBackend) -> None:
 def test_tokenize_counts_match_generation_limits(backend: RunningBackend) -> None:
     tokens = httpx.post(f"{backend.url}/tokenize", json={"inputs": CHAT_PROMPT}, timeout=TIMEOUT).json()
     # A prompt of n tokens leaves exactly 2048 - n new tokens.
-    Client(backend.url, timeout=TIMEOUT).generate(CHAT_PROMPT, max_new_tokens=2048 - len(tokens), stop_sequences=["."])
+    Client(backend.url, timeout=TIMEOUT).generate(
+        CHAT_PROMPT, max_new_tokens=2048 - len(tokens), stop_sequences=["."]
+    )
 
 
 def test_metrics_move_after_a_generation(backend: RunningBackend) -> None:

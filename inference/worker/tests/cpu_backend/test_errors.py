@@ -35,7 +35,9 @@ def test_prompt_longer_than_the_context_is_a_validation_error(backend: RunningBa
 
 async def test_prompt_too_long_for_a_stream_is_a_validation_error(backend: RunningBackend) -> None:
     with pytest.raises(ValidationError, match="inputs"):
-        async for _ in AsyncClient(backend.url, timeout=TIMEOUT).generate_stream("word " * 3000, max_new_tokens=5):
+        async for _ in AsyncClient(backend.url, timeout=TIMEOUT).generate_stream(
+            "word " * 3000, max_new_tokens=5
+        ):
             pass
 
 
@@ -116,13 +118,16 @@ TOKENIZE_ACCEPTS = {
         b'{"inputs": "hi", "parameters": "x"}',
         b'{"inputs": "hi", "parameters": {"temperature": NaN}}',
         b'{"inputs": "hi", "parameters": {"temperature": 1e999}}',
-        "{\"inputs\": \"caf\xe9\"".encode("latin-1"),
+        '{"inputs": "caf\xe9"'.encode("latin-1"),
     ],
 )
 def test_malformed_bodies_are_422_json(backend: RunningBackend, content: bytes) -> None:
     for path in ("/", "/generate", "/generate_stream", "/tokenize"):
         response = httpx.post(
-            f"{backend.url}{path}", content=content, headers={"content-type": "application/json"}, timeout=TIMEOUT
+            f"{backend.url}{path}",
+            content=content,
+            headers={"content-type": "application/json"},
+            timeout=TIMEOUT,
         )
         if path == "/tokenize" and content in TOKENIZE_ACCEPTS:
             assert response.status_code == 200, response.text
