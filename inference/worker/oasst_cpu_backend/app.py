@@ -228,29 +228,34 @@ def _queue_timeout_message(backend: Backend) -> str:
     return f"Model is overloaded: no free slot within queue_timeout ({backend.settings.queue_timeout:g}s)"
 
 
-async def _await_result(request: Request, ticket: Ticket, deadline: float) -> GenerationResult | None:
-    """Wait for a non-streamed generation; None if it waited in the queue past its deadline.
+async def _await_result(request: Request, ticket: Ticket, queue_deadline: float) -> GenerationResult | None:
+    """Wait for a non-streamed generation; None if it never ran (dropped from the queue).
 
     The client going away cancels the generation: the text-generation client gives up after its timeout,
-    and nobody would read the answer.
+    and nobody would read the answer. Raises what the generation raised.
     """
     watcher = asyncio.ensure_future(wait_for_disconnect(request.receive))
     try:
-        while True:
-            timeout = None if ticket.started.is_set() else max(0.0, deadline - time.monotonic())
+        while not ticket.future.done():
+            timeout = None if ticket.started.is_set() else max(0.0, queue_deadline - time.monotonic())
             done, _ = await asyncio.wait(
                 {ticket.future, watcher}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
             )
             if ticket.future in done:
-                return ticket.future.result()
+                break
             if watcher in done:
                 ticket.cancel("client disconnected")
-                return await asyncio.shield(ticket.future)
-            if not ticket.started.is_set():
+            elif not ticket.started.is_set():
                 ticket.expire()
-                return None
+            else:
+                continue
+            # Within one token (or at once if it was still queued).
+            await asyncio.wait({ticket.future})
     finally:
         watcher.cancel()
+    if ticket.future.cancelled():
+        return None
+    return ticket.future.result()
 
 
 def _install_routes(app: FastAPI) -> None:
@@ -261,16 +266,13 @@ def _install_routes(app: FastAPI) -> None:
         ticket = backend.scheduler.submit(job, stream=False)
         try:
             result = await _await_result(request, ticket, job.queue_deadline)
-        except asyncio.CancelledError:
-            if not ticket.future.cancelled():
-                raise
-            return error_response(
-                "Request failed during generation: server shutting down", "incomplete_generation"
-            )
         except Exception as error:
             return error_response(f"Request failed during generation: {error}", "generation")
         if result is None:
-            return error_response(_queue_timeout_message(backend), "overloaded", 503)
+            if ticket.expired:
+                return error_response(_queue_timeout_message(backend), "overloaded", 503)
+            reason = ticket.cancel_reason or "cancelled"
+            return error_response(f"Request failed during generation: {reason}", "incomplete_generation")
         if result.summary is None:
             message, error_type = _failure(backend, result, ticket)
             status = 503 if error_type == "overloaded" else None
@@ -312,11 +314,10 @@ def _install_routes(app: FastAPI) -> None:
             try:
                 step = await asyncio.wait_for(steps.get(), timeout)
             except TimeoutError:
-                if ticket.started.is_set():
-                    continue
-                ticket.expire()
-                yield sse_error(_queue_timeout_message(backend), "overloaded")
-                return
+                if not ticket.started.is_set():
+                    # Ends the ticket at once; its end marker then reaches this loop.
+                    ticket.expire()
+                continue
             if step is None:
                 break
             index += 1
@@ -340,7 +341,11 @@ def _install_routes(app: FastAPI) -> None:
             )
         future = ticket.future
         if future.cancelled():
-            yield sse_error("Request failed during generation: server shutting down", "incomplete_generation")
+            if ticket.expired:
+                yield sse_error(_queue_timeout_message(backend), "overloaded")
+            else:
+                reason = ticket.cancel_reason or "cancelled"
+                yield sse_error(f"Request failed during generation: {reason}", "incomplete_generation")
             return
         error = future.exception()
         if error is not None:

@@ -130,7 +130,9 @@ class Scheduler:
                 self._metrics.requests.labels(outcome="cancelled").inc()
                 self._metrics.cancellations.inc()
                 logger.info(
-                    "request {} cancelled after 0 tokens ({}, while queued)", ticket.request_id, ticket.cancel_reason
+                    "request {} cancelled after 0 tokens ({}, while queued)",
+                    ticket.request_id,
+                    ticket.cancel_reason,
                 )
             return
         error = future.exception()

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from datetime import datetime, timezone
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Request
@@ -9,7 +7,6 @@ from loguru import logger
 from sqlalchemy import select
 from sse_starlette import EventSourceResponse
 
-from oasst_inference_server import events
 from oasst_inference_server.broker import is_stream_id
 from oasst_inference_server.chat_store import (
     chat_messages,
@@ -21,6 +18,7 @@ from oasst_inference_server.chat_store import (
 )
 from oasst_inference_server.deps import BrokerDep, CurrentUser, RegistryDep, SessionDep, SettingsDep
 from oasst_inference_server.errors import ApiError
+from oasst_inference_server.event_reader import read_message_events
 from oasst_inference_server.message_lifecycle import MessageLifecycle, to_message_read
 from oasst_inference_server.models import DbChat, DbMessage, utcnow
 from oasst_shared.schemas import (
@@ -44,7 +42,6 @@ _ID_ERRORS: dict[int | str, dict[str, Any]] = {
     **_AUTH_ERRORS,
     404: {"model": ErrorBody, "description": "No such chat or message for this user"},
 }
-_TERMINAL_GRACE_SECONDS = 2.0
 _REPLY_STATES = (MessageState.complete.value, MessageState.cancelled.value)
 
 
@@ -232,62 +229,9 @@ async def message_events(
     if message.role != Role.assistant.value:
         raise ApiError(400, "not_assistant_message", "only assistant messages have events")
     await session.close()  # do not hold a database connection for the life of the stream
-    stream = _event_stream(request, _lifecycle(request), broker, settings, message_id, last_event_id)
+    stream = read_message_events(
+        _lifecycle(request), broker, settings, message_id, last_event_id, request.is_disconnected
+    )
     return EventSourceResponse(
         stream, ping=int(settings.sse_ping_interval), headers={"X-Accel-Buffering": "no"}
     )
-
-
-async def _event_stream(
-    request: Request,
-    lifecycle: MessageLifecycle,
-    broker: BrokerDep,
-    settings: SettingsDep,
-    message_id: str,
-    after: str | None,
-) -> AsyncIterator[dict[str, str]]:
-    stream = events.stream_name(message_id)
-    message = await lifecycle.get(message_id)
-    if message is None:
-        return
-    if message.state == MessageState.pending.value and after is None:
-        position, size = await lifecycle.queue_position(message)
-        yield {"data": events.pending_event(position, size)}
-    while True:
-        entries = await broker.read_events(stream, after, timeout=settings.pending_update_interval)
-        for entry in entries:
-            yield {"id": entry.id, "data": entry.data}
-            after = entry.id
-            if events.is_terminal(entry.data):
-                return
-        if entries:
-            continue
-        if await request.is_disconnected():
-            return
-        message = await lifecycle.get(message_id)
-        if message is None:
-            return
-        state = MessageState(message.state)
-        if state.is_terminal:
-            # The database is updated just before the terminal event is appended: give it a moment
-            # to land, so the reader gets it with its id. Without a stream (expired), the
-            # database has the final word.
-            recent = (
-                message.finished_at is None or (utcnow() - _aware(message.finished_at)).total_seconds() < 30
-            )
-            grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
-            while late := await broker.read_events(stream, after, timeout=grace):
-                for entry in late:
-                    yield {"id": entry.id, "data": entry.data}
-                    after = entry.id
-                    if events.is_terminal(entry.data):
-                        return
-            yield {"data": lifecycle.final_event(message)}
-            return
-        if state == MessageState.pending:
-            position, size = await lifecycle.queue_position(message)
-            yield {"data": events.pending_event(position, size)}
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

@@ -1,0 +1,77 @@
+"""Reading a message's events: the broker stream first, the database as the fallback."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import datetime, timezone
+
+from oasst_inference_server import events
+from oasst_inference_server.broker import Broker
+from oasst_inference_server.message_lifecycle import MessageLifecycle
+from oasst_inference_server.models import utcnow
+from oasst_inference_server.settings import Settings
+from oasst_shared.schemas import MessageState
+
+_TERMINAL_GRACE_SECONDS = 2.0
+
+
+async def read_message_events(
+    lifecycle: MessageLifecycle,
+    broker: Broker,
+    settings: Settings,
+    message_id: str,
+    after: str | None,
+    is_disconnected: Callable[[], Awaitable[bool]],
+) -> AsyncIterator[dict[str, str]]:
+    """The events of one message as sse-starlette dicts (``id`` only for stored events).
+
+    Stored events come from the broker stream after ``after``; while the message waits, a ``pending``
+    event with its queue position (counted in the database) is added every
+    ``pending_update_interval``; it ends after exactly one terminal event, rebuilt from the database
+    when the stream has expired.
+    """
+    stream = events.stream_name(message_id)
+    message = await lifecycle.get(message_id)
+    if message is None:
+        return
+    if message.state == MessageState.pending.value and after is None:
+        position, size = await lifecycle.queue_position(message)
+        yield {"data": events.pending_event(position, size)}
+    while True:
+        entries = await broker.read_events(stream, after, timeout=settings.pending_update_interval)
+        for entry in entries:
+            yield {"id": entry.id, "data": entry.data}
+            after = entry.id
+            if events.is_terminal(entry.data):
+                return
+        if entries:
+            continue
+        if await is_disconnected():
+            return
+        message = await lifecycle.get(message_id)
+        if message is None:
+            return
+        state = MessageState(message.state)
+        if state.is_terminal:
+            # The database is updated just before the terminal event is appended: give it a moment
+            # to land, so the reader gets it with its id. Without a stream (expired), the
+            # database has the final word.
+            recent = (
+                message.finished_at is None or (utcnow() - _aware(message.finished_at)).total_seconds() < 30
+            )
+            grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
+            while late := await broker.read_events(stream, after, timeout=grace):
+                for entry in late:
+                    yield {"id": entry.id, "data": entry.data}
+                    after = entry.id
+                    if events.is_terminal(entry.data):
+                        return
+            yield {"data": lifecycle.final_event(message)}
+            return
+        if state == MessageState.pending:
+            position, size = await lifecycle.queue_position(message)
+            yield {"data": events.pending_event(position, size)}
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
