@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime, timezone
 
+from loguru import logger
+
 from oasst_inference_server import events
-from oasst_inference_server.broker import Broker
+from oasst_inference_server.broker import Broker, BrokerError, StreamEntry
 from oasst_inference_server.message_lifecycle import MessageLifecycle
 from oasst_inference_server.models import utcnow
 from oasst_inference_server.settings import Settings
@@ -38,7 +41,13 @@ async def read_message_events(
         position, size = await lifecycle.queue_position(message)
         yield {"data": events.pending_event(position, size)}
     while True:
-        entries = await broker.read_events(stream, after, timeout=settings.pending_update_interval)
+        try:
+            entries = await broker.read_events(stream, after, timeout=settings.pending_update_interval)
+        except BrokerError as exc:
+            # Redis is down: keep the reader, follow the database until it is back.
+            logger.warning("event stream of {} unavailable: {}", message_id, exc)
+            await asyncio.sleep(settings.pending_update_interval)
+            entries = []
         for entry in entries:
             yield {"id": entry.id, "data": entry.data}
             after = entry.id
@@ -60,7 +69,7 @@ async def read_message_events(
                 message.finished_at is None or (utcnow() - _aware(message.finished_at)).total_seconds() < 30
             )
             grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
-            while late := await broker.read_events(stream, after, timeout=grace):
+            while late := await _read_quietly(broker, stream, after, grace):
                 for entry in late:
                     yield {"id": entry.id, "data": entry.data}
                     after = entry.id
@@ -75,3 +84,10 @@ async def read_message_events(
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+async def _read_quietly(broker: Broker, stream: str, after: str | None, timeout: float) -> list[StreamEntry]:
+    try:
+        return await broker.read_events(stream, after, timeout=timeout)
+    except BrokerError:
+        return []

@@ -17,7 +17,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server import events
-from oasst_inference_server.broker import Broker
+from oasst_inference_server.broker import Broker, BrokerError
 from oasst_inference_server.models import DbMessage, utcnow
 from oasst_inference_server.settings import Settings
 from oasst_shared.protocol import Cancel, ChatTurn, Embeddings, EmbedWork, GeneratedText, Work, dump_frame
@@ -166,6 +166,13 @@ class MessageLifecycle:
     async def publish_token(self, message_id: str, text: str) -> None:
         await self._broker.append_event(events.stream_name(message_id), events.token_event(text))
 
+    async def _append_terminal(self, message_id: str, data: str) -> None:
+        """Append a terminal event; if the broker is down, readers fall back to the database."""
+        try:
+            await self._broker.append_event(events.stream_name(message_id), data, terminal=True)
+        except BrokerError as exc:
+            logger.warning("terminal event of {} not stored in the broker: {}", message_id, exc)
+
     async def complete(self, session_id: str, result: GeneratedText) -> bool:
         """Store the finished text; False if this session no longer owns the message."""
         cancelled = result.finish_reason == "cancelled"
@@ -181,9 +188,7 @@ class MessageLifecycle:
         if message is None:
             logger.warning("ignored a result for message {} from session {}", result.message_id, session_id)
             return False
-        await self._broker.append_event(
-            events.stream_name(message.id), events.message_event(to_message_read(message)), terminal=True
-        )
+        await self._append_terminal(message.id, events.message_event(to_message_read(message)))
         logger.info(
             "message {} complete: {} tokens, {}", message.id, result.generated_tokens, result.finish_reason
         )
@@ -201,9 +206,7 @@ class MessageLifecycle:
         )
         if message is None:
             return False
-        await self._broker.append_event(
-            events.stream_name(message.id), events.message_event(to_message_read(message)), terminal=True
-        )
+        await self._append_terminal(message.id, events.message_event(to_message_read(message)))
         return True
 
     async def release(self, message_id: str, session_id: str, reason: str, *, retryable: bool = True) -> None:
@@ -237,10 +240,15 @@ class MessageLifecycle:
                     return
                 message = await session.get(DbMessage, message_id)
             assert message is not None
-            await self._broker.append_event(
-                events.stream_name(message_id), events.retry_event(attempts + 1, reason)
-            )
-            await self.enqueue(message)
+            try:
+                await self._broker.append_event(
+                    events.stream_name(message_id), events.retry_event(attempts + 1, reason)
+                )
+                await self.enqueue(message)
+            except BrokerError as exc:
+                logger.warning(
+                    "retry of {} not announced (the recovery loop re-queues it): {}", message_id, exc
+                )
             logger.warning("message {} will be retried (attempt {}): {}", message_id, attempts + 1, reason)
             return
         error = reason if not retryable else f"gave up after {attempts} attempts: {reason}"
@@ -278,9 +286,7 @@ class MessageLifecycle:
         message = await self._finish(message_id, session_id, state=MessageState.cancelled)
         if message is None:
             return False
-        await self._broker.append_event(
-            events.stream_name(message.id), events.message_event(to_message_read(message)), terminal=True
-        )
+        await self._append_terminal(message.id, events.message_event(to_message_read(message)))
         logger.info("message {} cancelled", message_id)
         return True
 
@@ -301,9 +307,7 @@ class MessageLifecycle:
         message = await self._finish(message_id, session_id, state=state, error=error)
         if message is None:
             return False
-        await self._broker.append_event(
-            events.stream_name(message.id), events.error_event(error, to_message_read(message)), terminal=True
-        )
+        await self._append_terminal(message.id, events.error_event(error, to_message_read(message)))
         logger.warning("message {} ended {}: {}", message_id, state.value, error)
         return True
 

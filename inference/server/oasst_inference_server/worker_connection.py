@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from oasst_inference_server import events
-from oasst_inference_server.broker import Broker, WorkerSessionRecord
+from oasst_inference_server.broker import Broker, BrokerError, WorkerSessionRecord
 from oasst_inference_server.message_lifecycle import MessageLifecycle
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.worker_registry import WorkerRegistry
@@ -143,7 +143,11 @@ class WorkerConnection:
                 raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, f"malformed frame: {exc}"[:120]) from None
             if isinstance(frame, Token):
                 if frame.message_id in self.in_flight:
-                    await self._lifecycle.publish_token(frame.message_id, frame.text)
+                    try:
+                        await self._lifecycle.publish_token(frame.message_id, frame.text)
+                    except BrokerError as exc:
+                        # Readers miss this token; the finished message (in the database) has it.
+                        logger.warning("token of {} not relayed: {}", frame.message_id, exc)
             elif isinstance(frame, Pong):
                 await self._on_pong(frame)
             elif isinstance(frame, GeneratedText):
@@ -170,7 +174,14 @@ class WorkerConnection:
             while self.free_slots <= 0:
                 self._capacity_changed.clear()
                 await self._capacity_changed.wait()
-            message_id = await self._broker.pop_work(queue, timeout=1.0)
+            try:
+                message_id = await self._broker.pop_work(queue, timeout=1.0)
+            except BrokerError as exc:
+                # Redis is down or restarting: keep the worker, try again; the recovery loop
+                # re-queues whatever the outage lost.
+                logger.warning("worker {}: cannot read the work queue: {}", self.session_id, exc)
+                await asyncio.sleep(1.0)
+                continue
             if message_id is None:
                 continue
             try:
@@ -260,7 +271,10 @@ class WorkerConnection:
             "connected_at": self.connected_at,
         }
         record = WorkerSessionRecord(self.session_id, self.model_name, json.dumps(data))
-        await self._broker.put_worker_session(record, ttl=self._settings.worker_ping_timeout * 2)
+        try:
+            await self._broker.put_worker_session(record, ttl=self._settings.worker_ping_timeout * 2)
+        except BrokerError as exc:
+            logger.warning("worker {}: session not published: {}", self.session_id, exc)
 
     async def _cleanup(self, close: _ConnectionClosed | None) -> None:
         self._registry.local.pop(self.session_id, None)

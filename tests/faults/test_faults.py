@@ -1,0 +1,377 @@
+"""Every fault injected against the real Postgres and Redis; each test checks nothing is lost.
+
+The fake backend (fake_backend.py) scripts errors, stalls and drops; the worker-kill test uses the
+real CPU backend with SmolLM2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+from websockets.asyncio.client import connect
+
+from conftest import REDIS_URL, WORKER_API_KEY, start_process, wait_for_model, wait_http_ok
+from oasst_shared.model_configs import SMOLLM2_135M
+from oasst_shared.protocol import PROTOCOL_VERSION, Drain, WorkerInfo, dump_frame
+from tests.e2e.chat_api import ChatApi, tokens_text
+from tests.faults.conftest import fake_model, start_fake_worker
+
+pytestmark = pytest.mark.slow
+
+
+def new_api(stack) -> ChatApi:
+    return ChatApi(stack.url, f"user-{uuid.uuid4().hex[:8]}")
+
+
+def queue(api: ChatApi, model: str, content: str, **sampling):
+    chat_id = api.create_chat()
+    prompter = api.prompter(chat_id, content)
+    prompter.raise_for_status()
+    response = api.assistant(chat_id, prompter.json()["id"], model, **sampling)
+    response.raise_for_status()
+    return chat_id, response.json()["id"]
+
+
+def final_of(events):
+    assert events, "no events"
+    kinds = [e.data["event_type"] for e in events]
+    assert kinds.count("message") + kinds.count("error") == 1 and kinds[-1] in ("message", "error")
+    return events[-1].data
+
+
+def wait_state(api: ChatApi, chat_id: str, message_id: str, states: set[str], timeout: float = 60) -> dict:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = api.client.get(f"/chats/{chat_id}/messages/{message_id}").json()
+        if message["state"] in states:
+            return message
+        time.sleep(0.2)
+    raise AssertionError(f"message stayed {message['state']}, expected {states}")
+
+
+def test_worker_killed_mid_stream_the_answer_completes_on_another(fault_stack, cpu_backend):
+    first = fault_stack.start_worker()
+    wait_for_model(fault_stack.url, SMOLLM2_135M.name)
+    api = new_api(fault_stack)
+    chat_id, message_id = queue(
+        api,
+        SMOLLM2_135M.name,
+        "Write a long story about a brave knight.",
+        do_sample=False,
+        max_new_tokens=200,
+    )
+    seen = api.events(chat_id, message_id, limit=4)  # pending + a few tokens: generation is under way
+    assert any(e.data["event_type"] == "token" for e in seen)
+    second = fault_stack.start_worker()
+    time.sleep(1.0)  # let the second worker register
+    first.kill()
+    rest = api.events(chat_id, message_id, last_event_id=[e.id for e in seen if e.id][-1])
+    final = final_of(rest)
+    assert final["event_type"] == "message", final
+    message = final["message"]
+    assert message["state"] == "complete" and message["attempts"] == 2
+    assert any(e.data["event_type"] == "retry" for e in rest)
+    # After the retry event, the tokens spell exactly the final answer.
+    assert tokens_text(rest) == message["content"] and message["content"]
+    second.stop()
+
+
+async def test_a_silent_worker_loses_its_lease_and_the_message_moves_on(fault_stack, fake_backend):
+    model = fake_model()
+    api = new_api(fault_stack)
+    headers = {"X-API-Key": WORKER_API_KEY, "X-Protocol-Version": str(PROTOCOL_VERSION)}
+    async with connect(f"{fault_stack.ws_url}/workers/work", additional_headers=headers) as silent:
+        await silent.send(
+            dump_frame(WorkerInfo(model_config=model, max_parallel_requests=1, backend_kind="fake"))
+        )
+        await asyncio.to_thread(wait_for_model, fault_stack.url, model.name)
+        chat_id, message_id = await asyncio.to_thread(queue, api, model.name, "hello", max_new_tokens=5)
+        while True:  # the silent worker gets the job, then answers nothing at all
+            frame = json.loads(await asyncio.wait_for(silent.recv(), 10))
+            if frame["type"] == "work":
+                assert frame["message_id"] == message_id
+                break
+        healthy = await asyncio.to_thread(start_fake_worker, fault_stack, fake_backend, model)
+        message = await asyncio.to_thread(wait_state, api, chat_id, message_id, {"complete", "failed"}, 30)
+        assert message["state"] == "complete" and message["attempts"] == 2
+        assert message["content"] == " w1 w2 w3 w4 w5"
+    healthy.stop()
+
+
+class DrainingWorker:
+    """A raw protocol worker that registers a model and takes no work (it drains at once)."""
+
+    def __init__(self, stack, model):
+        self.stack, self.model = stack, model
+
+    async def __aenter__(self):
+        headers = {"X-API-Key": WORKER_API_KEY, "X-Protocol-Version": str(PROTOCOL_VERSION)}
+        self.ws = await connect(f"{self.stack.ws_url}/workers/work", additional_headers=headers)
+        info = WorkerInfo(model_config=self.model, max_parallel_requests=1, backend_kind="fake")
+        await self.ws.send(dump_frame(info))
+        await self.ws.send(dump_frame(Drain()))
+        await asyncio.to_thread(wait_for_model, self.stack.url, self.model.name)
+        return self
+
+    async def __aexit__(self, *exc_info):
+        await self.ws.close()
+
+
+def start_redis(port: int):
+    import subprocess
+
+    proc = subprocess.Popen(
+        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
+    )
+    client = redis.Redis(port=port)
+    for _ in range(100):
+        try:
+            client.ping()
+            return proc
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    raise RuntimeError("redis-server did not start")
+
+
+@pytest.mark.parametrize("fault", ["flush", "restart"])
+async def test_redis_flush_or_restart_loses_no_pending_message(
+    fault, cpu_backend, postgres_url, tmp_path, fake_backend
+):
+    from conftest import free_port, start_stack
+    from tests.faults.conftest import FAST_TIMINGS
+
+    # A Redis of our own, so flushing and restarting it touches nothing else.
+    port = free_port()
+    redis_proc = start_redis(port)
+    timings = {**FAST_TIMINGS, "OASST_SERVER_NO_WORKER_TIMEOUT": "60"}
+    stack = await asyncio.to_thread(
+        start_stack, tmp_path, cpu_backend.url, postgres_url, f"redis://127.0.0.1:{port}/0", 0, **timings
+    )
+    try:
+        model = fake_model()
+        api = new_api(stack)
+        async with DrainingWorker(stack, model):
+            pending = [
+                await asyncio.to_thread(queue, api, model.name, f"question {i}", max_new_tokens=4)
+                for i in range(3)
+            ]
+        if fault == "flush":
+            redis.Redis(port=port).flushall()
+        else:
+            redis_proc.terminate()
+            redis_proc.wait(10)
+            await asyncio.sleep(1.0)
+            redis_proc = start_redis(port)
+        await asyncio.to_thread(start_fake_worker, stack, fake_backend, model)
+        for chat_id, message_id in pending:
+            message = await asyncio.to_thread(
+                wait_state, api, chat_id, message_id, {"complete", "failed"}, 30
+            )
+            assert message["state"] == "complete" and message["content"] == " w1 w2 w3 w4"
+    finally:
+        stack.stop()
+        redis_proc.terminate()
+        redis_proc.wait(10)
+
+
+def test_cancel_closes_the_backend_stream_and_keeps_the_partial_text(fault_stack, fake_backend):
+    model = fake_model()
+    worker = start_fake_worker(fault_stack, fake_backend, model)
+    api = new_api(fault_stack)
+    chat_id, message_id = queue(api, model.name, "[[slow]] go", max_new_tokens=400)
+    seen = api.events(chat_id, message_id, limit=6)
+    assert sum(e.data["event_type"] == "token" for e in seen) >= 3
+    before = fake_backend.stats()
+    cancelled_at = time.monotonic()
+    response = api.client.post(f"/chats/{chat_id}/messages/{message_id}/cancel")
+    assert response.status_code == 200
+    while fake_backend.stats()["disconnected"] == before["disconnected"]:
+        assert time.monotonic() - cancelled_at < 1.0, "the backend stream was not closed within a second"
+        time.sleep(0.02)
+    message = wait_state(api, chat_id, message_id, {"cancelled", "complete", "failed"}, 10)
+    assert message["state"] == "cancelled"
+    assert message["content"].startswith(" w1 w2 w3") and len(message["content"].split()) < 400
+    final = final_of(api.events(chat_id, message_id))
+    assert final["event_type"] == "message" and final["message"]["state"] == "cancelled"
+    worker.stop()
+
+
+def test_cancel_while_pending_ends_at_once(fault_stack, fake_backend):
+    model = fake_model()
+
+    async def scenario():
+        async with DrainingWorker(fault_stack, model):
+            api = new_api(fault_stack)
+            chat_id, message_id = await asyncio.to_thread(queue, api, model.name, "hello")
+            response = await asyncio.to_thread(
+                api.client.post, f"/chats/{chat_id}/messages/{message_id}/cancel"
+            )
+            assert response.json()["state"] == "cancelled"
+            events = await asyncio.to_thread(api.events, chat_id, message_id)
+            assert final_of(events)["message"]["state"] == "cancelled"
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("marker", "state", "attempts"),
+    [
+        ("[[invalid]]", "aborted_by_worker", 1),
+        ("[[error]]", "aborted_by_worker", 1),
+        ("[[stall]]", "aborted_by_worker", 3),
+        ("[[drop]]", "aborted_by_worker", 3),
+        ("[[busy]]", "aborted_by_worker", 3),
+    ],
+)
+def test_backend_faults_fail_or_retry_one_message_and_spare_the_others(
+    fault_stack, fake_backend, marker, state, attempts
+):
+    model = fake_model()
+    worker = start_fake_worker(fault_stack, fake_backend, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="3")
+    api = new_api(fault_stack)
+    bystander = queue(api, model.name, "[[slow]] keep going", max_new_tokens=60)
+    faulty = queue(api, model.name, f"{marker} please", max_new_tokens=20)
+    final = final_of(api.events(*faulty))
+    assert final["event_type"] == "error" and final["error"]
+    assert final["message"]["state"] == state and final["message"]["attempts"] == attempts
+    # The worker's other in-flight message completes untouched.
+    other = final_of(api.events(*bystander))
+    assert other["event_type"] == "message" and other["message"]["state"] == "complete"
+    assert other["message"]["content"] == "".join(f" w{i}" for i in range(1, 61))
+    assert other["message"]["attempts"] == 1
+    assert worker.alive()
+    worker.stop()
+
+
+def test_a_model_with_no_worker_fails_with_a_clear_error(fault_stack):
+    model = fake_model()
+
+    async def scenario():
+        api = new_api(fault_stack)
+        async with DrainingWorker(fault_stack, model):
+            chat_id, message_id = await asyncio.to_thread(queue, api, model.name, "anyone there?")
+        started = time.monotonic()
+        events = await asyncio.to_thread(api.events, chat_id, message_id)
+        final = final_of(events)
+        assert final["event_type"] == "error" and model.name in final["error"]
+        assert final["message"]["state"] == "failed"
+        assert any(e.data["event_type"] == "pending" for e in events)
+        assert time.monotonic() - started < 30
+
+    asyncio.run(scenario())
+
+
+def test_sigterm_drains_a_worker(fault_stack, fake_backend):
+    model = fake_model()
+    worker = start_fake_worker(fault_stack, fake_backend, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="1")
+    api = new_api(fault_stack)
+    running = queue(api, model.name, "[[slow]] finish me", max_new_tokens=40)
+    api.events(*running, limit=3)
+    worker.proc.send_signal(signal.SIGTERM)
+    time.sleep(0.3)
+    waiting = queue(api, model.name, "not for the draining worker", max_new_tokens=3)
+    assert worker.proc.wait(timeout=30) == 0
+    done = final_of(api.events(*running))
+    assert done["message"]["state"] == "complete" and done["message"]["attempts"] == 1
+    assert len(done["message"]["content"].split()) == 40
+    # The draining worker took nothing new: the second message waits for another worker.
+    assert api.client.get(f"/chats/{waiting[0]}/messages/{waiting[1]}").json()["state"] == "pending"
+    start_fake_worker(fault_stack, fake_backend, model)
+    assert final_of(api.events(*waiting))["message"]["state"] == "complete"
+
+
+def test_several_readers_each_get_every_event(fault_stack, fake_backend):
+    model = fake_model()
+    worker = start_fake_worker(fault_stack, fake_backend, model)
+    api = new_api(fault_stack)
+    chat_id, message_id = queue(api, model.name, "[[slow]] for everyone", max_new_tokens=30)
+    results: list[list] = [[], [], []]
+
+    def read(i: int) -> None:
+        results[i] = [e for e in api.events(chat_id, message_id) if e.id]
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert results[0] and all([e.id for e in r] == [e.id for e in results[0]] for r in results)
+    assert tokens_text(results[0]) == "".join(f" w{i}" for i in range(1, 31))
+    worker.stop()
+
+
+def test_queue_position_follows_the_database(fault_stack):
+    model = fake_model()
+
+    async def scenario():
+        api = new_api(fault_stack)
+        async with DrainingWorker(fault_stack, model):
+            queued = [await asyncio.to_thread(queue, api, model.name, f"q{i}") for i in range(3)]
+
+            def first_pending(chat_id, message_id):
+                return next(e.data for e in api.events(chat_id, message_id, limit=1))
+
+            positions = [await asyncio.to_thread(first_pending, *q) for q in queued]
+            assert [(p["queue_position"], p["queue_size"]) for p in positions] == [(1, 3), (2, 3), (3, 3)]
+            await asyncio.to_thread(api.client.post, f"/chats/{queued[0][0]}/messages/{queued[0][1]}/cancel")
+            after = await asyncio.to_thread(first_pending, *queued[2])
+            assert (after["queue_position"], after["queue_size"]) == (2, 2)
+            for q in queued[1:]:
+                await asyncio.to_thread(api.client.post, f"/chats/{q[0]}/messages/{q[1]}/cancel")
+
+    asyncio.run(scenario())
+
+
+def test_a_killed_replica_s_reader_resumes_on_another(cpu_backend, postgres_url, redis_prefix, tmp_path):
+    from conftest import server_env
+    from tests.faults.conftest import FAST_TIMINGS
+
+    prefix = f"{redis_prefix}replicas:{uuid.uuid4().hex[:6]}:"
+    replicas = []
+    for name in ("replica-a", "replica-b"):
+        port = __import__("conftest").free_port()
+        env = server_env(port, postgres_url, REDIS_URL, OASST_SERVER_REDIS_KEY_PREFIX=prefix, **FAST_TIMINGS)
+        process = start_process(name, "oasst_inference_server", env, tmp_path)
+        wait_http_ok(f"http://127.0.0.1:{port}/health", process)
+        replicas.append((f"http://127.0.0.1:{port}", process))
+    (url_a, server_a), (url_b, server_b) = replicas
+    worker = start_process(
+        "worker",
+        "oasst_worker",
+        {
+            "OASST_WORKER_SERVER_URL": url_a.replace("http", "ws"),
+            "OASST_WORKER_API_KEY": WORKER_API_KEY,
+            "OASST_WORKER_BACKEND_URL": cpu_backend.url,
+        },
+        tmp_path,
+    )
+    try:
+        wait_for_model(url_b, SMOLLM2_135M.name)
+        api_b = ChatApi(url_b, f"user-{uuid.uuid4().hex[:8]}")
+        chat_id, message_id = queue(
+            api_b, SMOLLM2_135M.name, "Tell me about the sea.", do_sample=False, max_new_tokens=120
+        )
+        first = api_b.events(chat_id, message_id, limit=5)
+        server_b.kill()
+        api_a = ChatApi(url_a, api_b.username)
+        api_a.client.headers["Authorization"] = f"Bearer {api_b.token}"
+        rest = api_a.events(chat_id, message_id, last_event_id=[e.id for e in first if e.id][-1])
+        final = final_of(rest)
+        assert final["event_type"] == "message" and final["message"]["state"] == "complete"
+        stored = [e for e in first + rest if e.id]
+        assert len({e.id for e in stored}) == len(stored), "an event arrived twice"
+        assert tokens_text(first + rest) == final["message"]["content"]
+        # The whole stream read once more from the surviving replica matches, with no gap.
+        again = [e for e in api_a.events(chat_id, message_id) if e.id]
+        assert [e.id for e in again] == [e.id for e in stored]
+    finally:
+        worker.stop()
+        server_a.stop()
+        server_b.stop()
