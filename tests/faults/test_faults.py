@@ -329,7 +329,8 @@ def test_queue_position_follows_the_database(fault_stack):
     asyncio.run(scenario())
 
 
-def test_a_killed_replica_s_reader_resumes_on_another(cpu_backend, postgres_url, redis_prefix, tmp_path):
+@pytest.mark.parametrize("how", ["kill", "sigterm"])
+def test_a_lost_replica_s_reader_resumes_on_another(how, cpu_backend, postgres_url, redis_prefix, tmp_path):
     from conftest import server_env
     from tests.faults.conftest import FAST_TIMINGS
 
@@ -359,7 +360,10 @@ def test_a_killed_replica_s_reader_resumes_on_another(cpu_backend, postgres_url,
             api_b, SMOLLM2_135M.name, "Tell me about the sea.", do_sample=False, max_new_tokens=120
         )
         first = api_b.events(chat_id, message_id, limit=5)
-        server_b.kill()
+        if how == "kill":
+            server_b.kill()
+        else:  # a graceful stop: streams end with a reconnectable close
+            server_b.stop()
         api_a = ChatApi(url_a, api_b.username)
         api_a.client.headers["Authorization"] = f"Bearer {api_b.token}"
         rest = api_a.events(chat_id, message_id, last_event_id=[e.id for e in first if e.id][-1])
@@ -375,3 +379,42 @@ def test_a_killed_replica_s_reader_resumes_on_another(cpu_backend, postgres_url,
         worker.stop()
         server_a.stop()
         server_b.stop()
+
+
+def test_a_worker_whose_backend_is_down_takes_no_work_until_it_is_back(fault_stack, tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from conftest import ManagedProcess, free_port
+    from tests.faults.conftest import FakeBackend
+
+    port = free_port()
+    script = str(Path(__file__).parent / "fake_backend.py")
+
+    def start_backend() -> FakeBackend:
+        log = tmp_path / f"fake-{uuid.uuid4().hex[:4]}.log"
+        proc = subprocess.Popen(
+            [sys.executable, script, str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT
+        )
+        process = ManagedProcess("fake-backend", proc, log)
+        wait_http_ok(f"http://127.0.0.1:{port}/health", process, timeout=30)
+        return FakeBackend(f"http://127.0.0.1:{port}", process)
+
+    backend = start_backend()
+    model = fake_model()
+    worker = start_fake_worker(fault_stack, backend, model, OASST_WORKER_BACKEND_HEALTH_INTERVAL="0.3")
+    backend.process.stop()
+    time.sleep(1.5)  # the worker notices and reports zero capacity
+    api = new_api(fault_stack)
+    chat_id, message_id = queue(api, model.name, "are you there?", max_new_tokens=3)
+    time.sleep(2.0)
+    message = api.client.get(f"/chats/{chat_id}/messages/{message_id}").json()
+    assert message["state"] == "pending" and message["attempts"] == 0, (
+        "work was given to a worker without a backend"
+    )
+    backend = start_backend()
+    message = wait_state(api, chat_id, message_id, {"complete", "failed", "aborted_by_worker"}, 30)
+    assert message["state"] == "complete" and message["attempts"] == 1
+    worker.stop()
+    backend.process.stop()
