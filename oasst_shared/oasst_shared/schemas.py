@@ -170,3 +170,167 @@ StreamEvent = Annotated[
     PendingEvent | TokenEvent | RetryEvent | MessageEvent | ErrorEvent, Field(discriminator="event_type")
 ]
 TERMINAL_EVENT_TYPES = frozenset({"message", "error"})
+
+
+# ---------------------------------------------------------------- API keys and usage (issue 5)
+
+
+class CreateApiKeyRequest(_Request):
+    name: str = Field(min_length=1, max_length=100)
+
+
+class ApiKeyRead(BaseModel):
+    id: str
+    name: str
+    prefix: str  # the key's first characters, to tell keys apart
+    created_at: datetime
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class ApiKeyCreated(ApiKeyRead):
+    key: str  # the secret itself: returned once, never again
+
+
+class ListApiKeysResponse(BaseModel):
+    api_keys: list[ApiKeyRead]
+
+
+class UsageTotals(BaseModel):
+    requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class ApiKeyUsage(UsageTotals):
+    api_key_id: str
+    name: str
+    prefix: str
+    revoked: bool = False
+
+
+class UsageRead(BaseModel):
+    """A user's generations (chat answers, completions, embeddings) and their tokens."""
+
+    total: UsageTotals
+    api_keys: list[ApiKeyUsage]
+    # Requests made with the user's access token rather than a key (the chat API, and /v1 with a token).
+    without_api_key: UsageTotals
+
+
+class ApiRequestRead(BaseModel):
+    """One request of the OpenAI-compatible API, as its usage record (the content is not kept)."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    id: str
+    kind: str  # "completion" | "embedding"
+    api_key_id: str | None = None
+    model_config_name: str | None = None
+    state: MessageState
+    finish_reason: str | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    error: str | None = None
+    chat_id: str | None = None  # set when the server stores API conversations as chats
+    created_at: datetime
+    finished_at: datetime | None = None
+
+
+class ListApiRequestsResponse(BaseModel):
+    requests: list[ApiRequestRead]
+
+
+# ---------------------------------------------------------------- chat management, auth, admin (issue 3)
+
+
+class ChatUpdateRequest(_Request):
+    """PUT/PATCH ``/chats/{id}``: only the fields given are changed (the original server's shape)."""
+
+    title: str | None = Field(default=None, max_length=200)
+    hidden: bool | None = None
+    allow_data_use: bool | None = None
+    active_thread_tail_message_id: str | None = None
+
+
+class VoteRequest(_Request):
+    score: int = Field(ge=-1, le=1, description="-1 (bad), 0 (no vote) or 1 (good)")
+
+
+class ReportType(str, enum.Enum):
+    spam = "spam"
+    offensive = "offensive"
+    feedback = "feedback"
+
+
+class ReportRequest(_Request):
+    report_type: ReportType
+    reason: str = Field(default="", max_length=2000)
+
+
+class MessageEvalRequest(_Request):
+    """The message of the URL is preferred over these siblings (other answers to the same prompt)."""
+
+    inferior_message_ids: list[str] = Field(min_length=1, max_length=32)
+
+
+class RefreshRequest(_Request):
+    refresh_token: str = Field(min_length=1, max_length=512)
+
+
+class UserRead(BaseModel):
+    id: str
+    provider: str
+    provider_account_id: str
+    display_name: str
+    created_at: datetime
+
+
+class AuthCheckResponse(BaseModel):
+    user_id: str
+    display_name: str
+
+
+class CreateWorkerRequest(_Request):
+    name: str = Field(min_length=1, max_length=128)
+
+
+class WorkerRead(BaseModel):
+    id: str
+    name: str
+    api_key_prefix: str
+    created_at: datetime
+    connected_sessions: int = 0
+
+
+class WorkerCreated(WorkerRead):
+    """Returned once, when a worker is created or its key replaced: store ``api_key`` now."""
+
+    api_key: str
+
+
+class WorkerSessionRead(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    session_id: str
+    model_config_name: str
+    worker_id: str | None = None
+    worker_name: str | None = None
+    max_parallel_requests: int | None = None
+    free_slots: int | None = None
+    in_flight: list[str] = Field(default_factory=list)
+    backend_kind: str | None = None
+    backend_healthy: bool | None = None
+    draining: bool | None = None
+    worker_version: str | None = None
+    connected_at: float | None = None
+
+
+class RevokedTokensResponse(BaseModel):
+    revoked: int
+
+
+class AdminUserRead(UserRead):
+    deleted: bool = False
+    chat_count: int = 0

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server.api_key_store import authenticate_api_key, is_api_key
 from oasst_inference_server.auth import verify_token
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.models import DbUser
 from oasst_inference_server.settings import Settings
+from oasst_inference_server.trusted_client import TRUSTED_CLIENT_HEADER, trusted_client_user
 from oasst_inference_server.worker_registry import WorkerRegistry
 
 
@@ -40,13 +43,18 @@ RegistryDep = Annotated[WorkerRegistry, Depends(get_registry)]
 SessionDep = Annotated[AsyncSession, Depends(get_db)]
 
 _bearer = HTTPBearer(auto_error=False)
+_trusted_client = APIKeyHeader(name=TRUSTED_CLIENT_HEADER, auto_error=False, scheme_name="TrustedClient")
 
 
 async def get_current_user(
     settings: SettingsDep,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    trusted_client: Annotated[str | None, Depends(_trusted_client)],
 ) -> DbUser:
+    """The user of a bearer access token, or the one a trusted frontend speaks for."""
+    if trusted_client is not None:
+        return await trusted_client_user(session, settings, trusted_client)
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise ApiError(401, "not_authenticated", "not authenticated", {"WWW-Authenticate": "Bearer"})
     user_id = verify_token(settings, credentials.credentials, "access")
@@ -57,3 +65,43 @@ async def get_current_user(
 
 
 CurrentUser = Annotated[DbUser, Depends(get_current_user)]
+
+
+@dataclass(frozen=True)
+class Caller:
+    """Who makes a request of the OpenAI-compatible API: a user, through one of their API keys or not."""
+
+    user: DbUser
+    api_key_id: str | None = None
+
+
+async def get_caller(
+    settings: SettingsDep,
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Caller:
+    """Accept an API key (``Authorization: Bearer oak-...``) or a user's access token."""
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise ApiError(
+            401,
+            "missing_api_key",
+            "no API key: send Authorization: Bearer <key>",
+            {"WWW-Authenticate": "Bearer"},
+        )
+    token = credentials.credentials
+    if is_api_key(token):
+        found = await authenticate_api_key(session, token)
+        if found is None:
+            raise ApiError(
+                401, "invalid_api_key", "invalid or revoked API key", {"WWW-Authenticate": "Bearer"}
+            )
+        user, key = found
+        return Caller(user, key.id)
+    user_id = verify_token(settings, token, "access")
+    user = await session.get(DbUser, user_id)
+    if user is None or user.deleted:
+        raise ApiError(401, "invalid_token", "unknown user", {"WWW-Authenticate": "Bearer"})
+    return Caller(user)
+
+
+ApiCaller = Annotated[Caller, Depends(get_caller)]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -17,8 +16,23 @@ from oasst_inference_server import db
 from oasst_inference_server.broker import create_broker
 from oasst_inference_server.errors import install_error_handlers
 from oasst_inference_server.message_lifecycle import MessageLifecycle
+from oasst_inference_server.migrations import upgrade_to_head
 from oasst_inference_server.recovery import RecoveryLoop
-from oasst_inference_server.routes import auth, chats, configs, health, workers
+from oasst_inference_server.routes import (
+    account,
+    admin,
+    api_keys,
+    auth,
+    chat_management,
+    chats,
+    configs,
+    health,
+    metrics,
+    openai,
+    usage,
+    workers,
+)
+from oasst_inference_server.routes.responses import document_errors
 from oasst_inference_server.settings import Settings, get_settings
 from oasst_inference_server.worker_registry import WorkerRegistry
 
@@ -31,7 +45,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         engine = db.create_engine(settings)
-        await db.create_tables(engine)
+        await upgrade_to_head(engine, startup_timeout=settings.database_startup_timeout)
         broker = create_broker(
             settings.broker_url,
             key_prefix=settings.redis_key_prefix,
@@ -56,9 +70,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         try:
             yield
         finally:
+            recovery.stopping.set()
             recovery_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await recovery_task
+            # Bounded: a broker call that swallows the cancellation must not hang the shutdown.
+            await asyncio.wait([recovery_task], timeout=3.0)
             await recovery.stop()
             await broker.close()
             await engine.dispose()
@@ -78,8 +93,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_methods=["*"],
             allow_headers=["*"],
         )
-    for module in (health, auth, chats, configs, workers):
+    # chat_management before chats: its /chats/hide_all must win over /chats/{chat_id}.
+    for module in (
+        health,
+        metrics,
+        auth,
+        account,
+        chat_management,
+        chats,
+        configs,
+        workers,
+        admin,
+        api_keys,
+        usage,
+        openai,
+    ):
         app.include_router(module.router)
+    document_errors(app)
 
     @app.get("/", include_in_schema=False)
     async def web_chat() -> FileResponse:

@@ -16,7 +16,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from oasst_inference_server import events
+from oasst_inference_server import events, metrics
 from oasst_inference_server.broker import Broker, BrokerError
 from oasst_inference_server.models import DbMessage, utcnow
 from oasst_inference_server.settings import Settings
@@ -250,12 +250,14 @@ class MessageLifecycle:
                     "retry of {} not announced (the recovery loop re-queues it): {}", message_id, exc
                 )
             logger.warning("message {} will be retried (attempt {}): {}", message_id, attempts + 1, reason)
+            metrics.RETRIES.labels(message.model_config_name or "").inc()
             return
         error = reason if not retryable else f"gave up after {attempts} attempts: {reason}"
         await self.fail(message_id, error, state=MessageState.aborted_by_worker, session_id=session_id)
 
     async def request_cancel(self, message: DbMessage) -> None:
         """Cancel a pending message now, or ask the worker generating it to stop."""
+        metrics.CANCELS.inc()
         if message.state == MessageState.pending.value:
             if await self._finish_cancelled(message.id, None) and message.model_config_name:
                 await self._broker.remove_work(events.work_queue_name(message.model_config_name), message.id)
@@ -312,6 +314,14 @@ class MessageLifecycle:
         return True
 
     async def _finish(
+        self, message_id: str, session_id: str | None, *, state: MessageState, **values: object
+    ) -> DbMessage | None:
+        message = await self._finish_in_db(message_id, session_id, state=state, **values)
+        if message is not None:
+            metrics.COMPLETED.labels(message.model_config_name or "", state.value).inc()
+        return message
+
+    async def _finish_in_db(
         self, message_id: str, session_id: str | None, *, state: MessageState, **values: object
     ) -> DbMessage | None:
         conditions = [DbMessage.id == message_id, DbMessage.state.in_(_ACTIVE)]

@@ -28,6 +28,7 @@ class DbUser(SQLModel, table=True):
     display_name: str = Field(max_length=256)
     created_at: datetime = Field(default_factory=utcnow)
     deleted: bool = False
+    deleted_at: datetime | None = None
 
 
 class DbChat(SQLModel, table=True):
@@ -82,3 +83,98 @@ class DbMessage(SQLModel, table=True):
     finish_reason: str | None = Field(default=None, max_length=32)
     generated_tokens: int | None = None
     prompt_tokens: int | None = None
+    # The owner's vote on an assistant message: -1, 0 or 1.
+    score: int = 0
+
+
+# ---------------------------------------------------------------- auth, feedback and workers (issue 3)
+
+
+class DbRefreshToken(SQLModel, table=True):
+    """A refresh token, stored as a SHA-256 hash. Each refresh uses one up and issues its successor
+    in the same family; presenting a used one again revokes the whole family."""
+
+    __tablename__ = "refresh_token"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    user_id: str = Field(foreign_key="user.id", max_length=36, index=True)
+    family_id: str = Field(max_length=36, index=True)
+    token_hash: str = Field(max_length=64, unique=True)
+    created_at: datetime = Field(default_factory=utcnow)
+    expires_at: datetime
+    used_at: datetime | None = None
+    revoked_at: datetime | None = None
+
+
+class DbReport(SQLModel, table=True):
+    __tablename__ = "report"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    message_id: str = Field(foreign_key="message.id", max_length=36, index=True, ondelete="CASCADE")
+    user_id: str = Field(foreign_key="user.id", max_length=36, index=True)
+    report_type: str = Field(max_length=32)  # a oasst_shared.schemas.ReportType value
+    reason: str = Field(default="", max_length=2000)
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class DbMessageEvaluation(SQLModel, table=True):
+    """The user preferred ``selected_message_id`` over its siblings ``inferior_message_ids``."""
+
+    __tablename__ = "message_evaluation"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    chat_id: str = Field(foreign_key="chat.id", max_length=36, index=True, ondelete="CASCADE")
+    user_id: str = Field(foreign_key="user.id", max_length=36, index=True)
+    selected_message_id: str = Field(foreign_key="message.id", max_length=36, ondelete="CASCADE")
+    inferior_message_ids: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class DbWorker(SQLModel, table=True):
+    """A worker registered through the admin API; its API key is stored as a SHA-256 hash."""
+
+    __tablename__ = "worker"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    name: str = Field(max_length=128)
+    api_key_hash: str = Field(max_length=64, unique=True)
+    api_key_prefix: str = Field(max_length=16)  # shown in listings so keys can be told apart
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+class DbWorkerEvent(SQLModel, table=True):
+    """A worker socket connected or disconnected (audit trail, kept when the worker is deleted;
+    live state is in the broker)."""
+
+    __tablename__ = "worker_event"
+    __table_args__ = (Index("ix_worker_event_worker_created", "worker_id", "created_at"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    # None for workers that authenticated with a key from settings.worker_api_keys.
+    worker_id: str | None = Field(default=None, foreign_key="worker.id", max_length=36, ondelete="SET NULL")
+    session_id: str = Field(max_length=64, index=True)
+    event_type: str = Field(max_length=32)  # "connected" | "disconnected"
+    model_config_name: str | None = Field(default=None, max_length=128)
+    details: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
+    created_at: datetime = Field(default_factory=utcnow)
+
+
+# ---------------------------------------------------------------- API keys (issue 5)
+
+
+class DbApiKey(SQLModel, table=True):
+    """A user's key for the OpenAI-compatible API, stored as a SHA-256 hash (the key is shown once).
+
+    Revoking sets ``revoked_at`` and keeps the row, so usage stays attributed to the key.
+    """
+
+    __tablename__ = "api_key"
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    user_id: str = Field(foreign_key="user.id", max_length=36, index=True)
+    name: str = Field(max_length=100)
+    prefix: str = Field(max_length=16)  # the key's first characters, shown in listings
+    key_hash: str = Field(max_length=64, unique=True)
+    created_at: datetime = Field(default_factory=utcnow)
+    last_used_at: datetime | None = None
+    revoked_at: datetime | None = None

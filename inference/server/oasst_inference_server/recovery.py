@@ -49,10 +49,11 @@ class RecoveryLoop:
         self._registry = registry
         self._settings = settings
         self.owner = f"replica-{uuid.uuid4().hex[:12]}"
+        self.stopping = asyncio.Event()
 
     async def run(self) -> None:
         interval = self._settings.recovery_interval
-        while True:
+        while not self.stopping.is_set():
             try:
                 if await self._broker.acquire_lock(LOCK_NAME, self.owner, ttl=interval * 3):
                     await self.tick()
@@ -60,7 +61,8 @@ class RecoveryLoop:
                 raise
             except Exception as exc:  # the loop must survive a broker or database outage
                 logger.warning("recovery pass failed: {}: {}", type(exc).__name__, exc)
-            await asyncio.sleep(interval)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), timeout=interval)
 
     async def stop(self) -> None:
         with contextlib.suppress(Exception):

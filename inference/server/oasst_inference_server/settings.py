@@ -30,7 +30,7 @@ class Settings(BaseSettings):
     stream_maxlen: int = Field(default=20_000, ge=100)
 
     auth_secret: str = Field(default="dev-secret", description="Signs access and refresh tokens")
-    access_token_expire_minutes: int = Field(default=60 * 24, ge=1)
+    access_token_expire_minutes: int = Field(default=60, ge=1, description="Short-lived: refresh them")
     refresh_token_expire_days: int = Field(default=30, ge=1)
     allow_debug_auth: bool = True
 
@@ -53,6 +53,54 @@ class Settings(BaseSettings):
     pending_update_interval: float = Field(default=1.0, gt=0)
     cors_origins: list[str] = Field(default_factory=list)
 
+    # ------------------------------------------------------------ database start-up (issue 3)
+    database_startup_timeout: float = Field(
+        default=60.0, ge=0, description="Seconds to keep retrying while the database comes up"
+    )
+
+    # ------------------------------------------------------------ users and auth
+    # Web frontends that sign their users in with the ``TrustedClient`` header (the original
+    # Open-Assistant inference server's format); each key authorises one frontend.
+    trusted_client_api_keys: list[str] = Field(default_factory=list)
+    # Public base URL of this server, used to build OAuth callback URLs (``{api_root}/auth/callback/github``).
+    api_root: str = "http://127.0.0.1:8000"
+    oauth_state_ttl_seconds: int = Field(default=600, ge=30)
+    auth_github_client_id: str | None = None
+    auth_github_client_secret: str | None = None
+    auth_github_authorize_url: str = "https://github.com/login/oauth/authorize"
+    auth_github_token_url: str = "https://github.com/login/oauth/access_token"
+    auth_github_api_base_url: str = "https://api.github.com/"
+    auth_discord_client_id: str | None = None
+    auth_discord_client_secret: str | None = None
+    auth_discord_authorize_url: str = "https://discord.com/api/oauth2/authorize"
+    auth_discord_token_url: str = "https://discord.com/api/oauth2/token"
+    auth_discord_api_base_url: str = "https://discord.com/api/"
+
+    # ------------------------------------------------------------ admin API
+    # ``Authorization: Bearer <root token>`` on /admin/...; None disables the admin API.
+    admin_root_token: str | None = None
+
+    # ------------------------------------------------------------ chat limits
+    max_messages_per_chat: int = Field(default=500, ge=2)
+    max_message_length: int = Field(default=16_000, ge=1, description="Characters per prompter message")
+    max_queue_size: int = Field(
+        default=200, ge=1, description="Pending messages per model before new ones get a 503"
+    )
+
+    # ------------------------------------------------------------ per-user limits and the OpenAI API (issue 5)
+    # Counted in the database, so they hold across replicas; 0 turns a limit off.
+    rate_limit_per_minute: int = Field(
+        default=60,
+        ge=0,
+        description="Generations (chat answers, completions, embeddings) per user per minute",
+    )
+    max_concurrent_generations_per_user: int = Field(
+        default=8, ge=0, description="Pending plus in-progress generations per user"
+    )
+    # Off: API requests keep only their token counts once answered. On: each API conversation is
+    # stored as a chat of the user, visible in the chat list.
+    store_api_conversations: bool = False
+
     @model_validator(mode="after")
     def _refuse_placeholders_in_production(self) -> Settings:
         if self.environment == "production":
@@ -62,6 +110,23 @@ class Settings(BaseSettings):
                 raise ValueError("set OASST_SERVER_WORKER_API_KEYS: the development key is not allowed")
             if self.allow_debug_auth:
                 raise ValueError("debug auth cannot be enabled in production")
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_placeholder_credentials_in_production(self) -> Settings:
+        if self.environment != "production":
+            return self
+        if any(k in PLACEHOLDER_SECRETS or len(k) < 16 for k in self.trusted_client_api_keys):
+            raise ValueError("OASST_SERVER_TRUSTED_CLIENT_API_KEYS: each key needs 16+ random characters")
+        if self.admin_root_token is not None and (
+            self.admin_root_token in PLACEHOLDER_SECRETS or len(self.admin_root_token) < 32
+        ):
+            raise ValueError("set OASST_SERVER_ADMIN_ROOT_TOKEN to a random string of 32+ characters")
+        for provider in ("github", "discord"):
+            client_id = getattr(self, f"auth_{provider}_client_id")
+            secret = getattr(self, f"auth_{provider}_client_secret")
+            if client_id and (secret is None or secret in PLACEHOLDER_SECRETS):
+                raise ValueError(f"OASST_SERVER_AUTH_{provider.upper()}_CLIENT_SECRET is missing")
         return self
 
     @property

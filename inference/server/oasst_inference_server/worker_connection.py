@@ -24,7 +24,7 @@ from loguru import logger
 from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
-from oasst_inference_server import events
+from oasst_inference_server import events, metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSessionRecord
 from oasst_inference_server.message_lifecycle import MessageLifecycle
 from oasst_inference_server.settings import Settings
@@ -81,6 +81,8 @@ class WorkerConnection:
         self._send_lock = asyncio.Lock()
         self._last_pong = time.monotonic()
         self.connected_at = time.time()
+        self._dispatched_at: dict[str, float] = {}
+        self._first_token_at: dict[str, float] = {}
 
     # ------------------------------------------------------------ public
     @property
@@ -91,6 +93,7 @@ class WorkerConnection:
 
     async def run(self) -> None:
         self._registry.local[self.session_id] = self
+        metrics.WORKERS_CONNECTED.labels(self.model_name).inc()
         await self._publish_session()
         logger.info(
             "worker {} connected: model {}, {} slots, backend {}",
@@ -140,9 +143,11 @@ class WorkerConnection:
                 frame = parse_worker_frame(text)
             except ProtocolError as exc:
                 logger.warning("worker {} sent a malformed frame: {}", self.session_id, exc)
+                metrics.ERRORS.labels("protocol").inc()
                 raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, f"malformed frame: {exc}"[:120]) from None
             if isinstance(frame, Token):
                 if frame.message_id in self.in_flight:
+                    self._count_token(frame.message_id)
                     try:
                         await self._lifecycle.publish_token(frame.message_id, frame.text)
                     except BrokerError as exc:
@@ -152,6 +157,7 @@ class WorkerConnection:
                 await self._on_pong(frame)
             elif isinstance(frame, GeneratedText):
                 if frame.message_id in self.in_flight:
+                    self._observe_speed(frame.message_id, frame.generated_tokens)
                     await self._lifecycle.complete(self.session_id, frame)
                     self._done(frame.message_id)
             elif isinstance(frame, Embeddings):
@@ -193,6 +199,9 @@ class WorkerConnection:
             if work is None:
                 continue  # stale hint: the message was taken, cancelled or finished meanwhile
             self.in_flight.add(message_id)
+            self._dispatched_at[message_id] = time.monotonic()
+            metrics.DISPATCHED.labels(self.model_name).inc()
+            metrics.IN_FLIGHT.labels(self.model_name).inc()
             logger.info("message {} -> worker {} (attempt {})", message_id, self.session_id, work.attempt)
             try:
                 await self._send(work)
@@ -239,6 +248,7 @@ class WorkerConnection:
         await self._publish_session()
 
     async def _on_error(self, error: WorkerError) -> None:
+        metrics.ERRORS.labels("worker_retryable" if error.retryable else "worker_fatal").inc()
         if error.message_id is None:
             logger.warning("worker {} reported: {}", self.session_id, error.error)
             return
@@ -251,8 +261,28 @@ class WorkerConnection:
 
     # ------------------------------------------------------------ helpers
     def _done(self, message_id: str) -> None:
+        if message_id in self.in_flight:
+            metrics.IN_FLIGHT.labels(self.model_name).dec()
         self.in_flight.discard(message_id)
+        self._dispatched_at.pop(message_id, None)
+        self._first_token_at.pop(message_id, None)
         self._capacity_changed.set()
+
+    def _count_token(self, message_id: str) -> None:
+        metrics.TOKENS.labels(self.model_name).inc()
+        if message_id not in self._first_token_at:
+            now = time.monotonic()
+            self._first_token_at[message_id] = now
+            dispatched = self._dispatched_at.get(message_id)
+            if dispatched is not None:
+                metrics.TIME_TO_FIRST_TOKEN.labels(self.model_name).observe(now - dispatched)
+
+    def _observe_speed(self, message_id: str, generated_tokens: int) -> None:
+        first = self._first_token_at.get(message_id)
+        if first is not None and generated_tokens > 1:
+            elapsed = time.monotonic() - first
+            if elapsed > 0:
+                metrics.TOKENS_PER_SECOND.labels(self.model_name).observe((generated_tokens - 1) / elapsed)
 
     async def _send(self, frame: BaseModel) -> None:
         async with self._send_lock:
@@ -279,10 +309,11 @@ class WorkerConnection:
     async def _cleanup(self, close: _ConnectionClosed | None) -> None:
         self._registry.local.pop(self.session_id, None)
         reason = close.reason if close else "connection ended"
+        metrics.WORKERS_CONNECTED.labels(self.model_name).dec()
         for message_id in list(self.in_flight):
+            self._done(message_id)
             with contextlib.suppress(Exception):
                 await self._lifecycle.release(message_id, self.session_id, f"worker lost: {reason}")
-        self.in_flight.clear()
         with contextlib.suppress(Exception):
             await self._broker.remove_worker_session(self.session_id)
         if self.websocket.application_state == WebSocketState.CONNECTED:

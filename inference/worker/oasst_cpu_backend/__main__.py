@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import sys
+from types import FrameType
 
 import uvicorn
+from fastapi import FastAPI
 from loguru import logger
 
-from oasst_cpu_backend.app import create_app
+from oasst_cpu_backend.app import begin_shutdown, create_app
 from oasst_cpu_backend.settings import ModelNotFoundError, Settings
 
 
@@ -33,6 +35,17 @@ def configure_logging(level: str) -> None:
         std_logger.propagate = False
 
 
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, app: FastAPI) -> None:
+        super().__init__(config)
+        self._app = app
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        # No logging here: a signal handler that takes the log lock can deadlock the main thread.
+        begin_shutdown(self._app)
+        super().handle_exit(sig, frame)
+
+
 def main() -> None:
     settings = Settings()
     configure_logging(settings.log_level)
@@ -46,15 +59,16 @@ def main() -> None:
     logger.info(
         "starting the CPU backend on http://{}:{} with {}", settings.host, settings.port, model_path.name
     )
+    app = create_app(settings)
     config = uvicorn.Config(
-        create_app(settings),
+        app,
         host=settings.host,
         port=settings.port,
         log_config=None,
         access_log=settings.access_log,
         timeout_graceful_shutdown=int(settings.graceful_shutdown_seconds),
     )
-    uvicorn.Server(config).run()
+    _Server(config, app).run()
 
 
 if __name__ == "__main__":

@@ -29,9 +29,10 @@ from oasst_cpu_backend.responses import (
     sse_error,
     wait_for_disconnect,
 )
-from oasst_cpu_backend.scheduler import OverloadedError, Scheduler, Ticket
+from oasst_cpu_backend.scheduler import OverloadedError, Scheduler, ShuttingDownError, Ticket
 from oasst_cpu_backend.schemas import (
     Details,
+    ErrorType,
     GenerateRequest,
     GenerateResponse,
     Info,
@@ -112,6 +113,7 @@ def create_app(settings: Settings | None = None, engine: ModelEngine | None = No
         )
         metrics = BackendMetrics()
         scheduler = Scheduler(model, metrics, settings.max_concurrent_requests)
+        app.state.loop = asyncio.get_running_loop()
         app.state.backend = Backend(
             settings, model, scheduler, metrics, limits, _build_info(settings, model, limits)
         )
@@ -131,6 +133,18 @@ def create_app(settings: Settings | None = None, engine: ModelEngine | None = No
     return app
 
 
+def begin_shutdown(app: FastAPI) -> None:
+    """End in-flight generations with an error their clients understand and refuse new ones.
+
+    Meant for the server's signal handler (any thread): uvicorn would otherwise keep streaming until its
+    graceful-shutdown timeout and then cut the connections.
+    """
+    backend: Backend | None = getattr(app.state, "backend", None)
+    loop: asyncio.AbstractEventLoop | None = getattr(app.state, "loop", None)
+    if backend is not None and loop is not None and not loop.is_closed():
+        loop.call_soon_threadsafe(backend.scheduler.stop_accepting)
+
+
 def _backend(request: Request) -> Backend:
     backend: Backend = request.app.state.backend
     return backend
@@ -144,7 +158,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         return error_response(str(exc), "validation")
 
     async def overloaded(request: Request, exc: Exception) -> Response:
-        return error_response(str(exc), "overloaded", headers={"Retry-After": "1"})
+        status = 503 if isinstance(exc, ShuttingDownError) else 429
+        return error_response(str(exc), "overloaded", status, headers={"Retry-After": "1"})
 
     async def fastapi_validation(request: Request, exc: Exception) -> Response:
         return error_response(f"Input validation error: {exc}", "validation")
@@ -165,7 +180,15 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 async def _parse_body(request: Request, model: type[ModelT]) -> ModelT:
-    body = await request.body()
+    limit = _backend(request).settings.max_body_bytes
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise InvalidRequest(f"Input validation error: the request body exceeds {limit} bytes")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > limit:
+            raise InvalidRequest(f"Input validation error: the request body exceeds {limit} bytes")
     try:
         return model.model_validate_json(body)
     except pydantic.ValidationError as error:
@@ -210,7 +233,7 @@ def _generated_text(body: GenerateRequest, text: str) -> str:
     return body.inputs + text if body.parameters.return_full_text else text
 
 
-def _failure(backend: Backend, result: GenerationResult, ticket: Ticket) -> tuple[str, Any]:
+def _failure(backend: Backend, result: GenerationResult, ticket: Ticket) -> tuple[str, ErrorType]:
     """The error message and type for a generation that did not finish."""
     timeout = backend.settings.request_timeout
     if result.status == "queue_timeout":
@@ -308,9 +331,8 @@ def _install_routes(app: FastAPI) -> None:
         assert steps is not None
         index = 0
         while True:
-            timeout = (
-                None if ticket.started.is_set() else max(0.0, ticket.job.queue_deadline - time.monotonic())
-            )
+            waiting = not ticket.started.is_set() and not ticket.is_cancelled()
+            timeout = max(0.0, ticket.job.queue_deadline - time.monotonic()) if waiting else None
             try:
                 step = await asyncio.wait_for(steps.get(), timeout)
             except TimeoutError:

@@ -23,6 +23,10 @@ class OverloadedError(Exception):
     pass
 
 
+class ShuttingDownError(OverloadedError):
+    pass
+
+
 class Ticket:
     """A submitted generation: its result future and, when streaming, its steps as they come."""
 
@@ -64,6 +68,7 @@ class Scheduler:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation")
         self._tickets: set[Ticket] = set()
         self._ids = itertools.count(1)
+        self._closed = False
         metrics.max_concurrent.set(max_concurrent_requests)
 
     @property
@@ -72,6 +77,8 @@ class Scheduler:
 
     def submit(self, job: GenerationJob, *, stream: bool) -> Ticket:
         """Queue a generation. Must be called from the event loop."""
+        if self._closed:
+            raise ShuttingDownError("Model is not available: the server is shutting down")
         if len(self._tickets) >= self._max:
             self._metrics.requests.labels(outcome="overloaded").inc()
             raise OverloadedError(
@@ -189,8 +196,16 @@ class Scheduler:
                 result.generated_tokens,
             )
 
-    def shutdown(self) -> None:
-        """Stop every generation (within one token) and wait for the generation thread to end."""
+    def stop_accepting(self) -> None:
+        """Refuse new requests and end the ones in flight, so that their clients learn at once that they
+        must retry elsewhere instead of waiting out the server's graceful-shutdown period."""
+        if not self._closed:
+            logger.info("no longer accepting requests; ending {} in flight", len(self._tickets))
+        self._closed = True
         for ticket in list(self._tickets):
             ticket.cancel("server shutting down")
+
+    def shutdown(self) -> None:
+        """Stop every generation (within one token) and wait for the generation thread to end."""
+        self.stop_accepting()
         self._executor.shutdown(wait=True, cancel_futures=True)

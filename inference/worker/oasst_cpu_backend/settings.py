@@ -70,6 +70,8 @@ class Settings(BaseSettings):
     max_input_length: int | None = Field(default=None, ge=1)
     max_stop_sequences: int = Field(default=4, ge=0)
     max_top_n_tokens: int = Field(default=5, ge=0)
+    # Larger request bodies are refused (422) before they are parsed or tokenized.
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
     log_level: str = "INFO"
     access_log: bool = False
     graceful_shutdown_seconds: float = Field(default=5.0, ge=0)

@@ -7,6 +7,7 @@ import signal
 import sys
 
 from loguru import logger
+from prometheus_client import start_http_server
 
 from oasst_worker.backends import create_backend
 from oasst_worker.client import FatalWorkerError, WorkerClient
@@ -35,6 +36,12 @@ def main() -> None:
     settings = WorkerSettings()
     logger.remove()
     logger.add(sys.stderr, level=settings.log_level.upper(), backtrace=False, diagnose=False)
+    if settings.metrics_port:
+        start_http_server(
+            settings.metrics_port,
+            addr="127.0.0.1" if settings.metrics_host is None else settings.metrics_host,
+        )
+        logger.info("metrics on :{}/metrics", settings.metrics_port)
     sys.exit(asyncio.run(_main(settings)))
 
 

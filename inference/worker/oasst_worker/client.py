@@ -25,6 +25,7 @@ from oasst_shared.protocol import (
     PROTOCOL_VERSION_HEADER,
     Cancel,
     Drain,
+    EmbedWork,
     Hardware,
     Ping,
     Pong,
@@ -36,7 +37,9 @@ from oasst_shared.protocol import (
     dump_frame,
     parse_server_frame,
 )
-from oasst_worker.backends import Backend
+from oasst_worker import metrics
+from oasst_worker.backends import Backend, BackendError
+from oasst_worker.embedding import EmbeddingJob
 from oasst_worker.job import Job
 from oasst_worker.prompting import PromptBuilder
 from oasst_worker.settings import WorkerSettings
@@ -54,7 +57,7 @@ class WorkerClient:
         self._backend = backend
         self._config = model_config
         self._prompts = PromptBuilder(model_config, backend)
-        self._jobs: dict[str, tuple[Job, asyncio.Task[None]]] = {}
+        self._jobs: dict[str, tuple[Job | EmbeddingJob, asyncio.Task[None]]] = {}
         self._backend_healthy = False
         self._draining = False
         self._stopped = asyncio.Event()
@@ -127,7 +130,8 @@ class WorkerClient:
             raise FatalWorkerError(f"invalid server URL {url!r}: {exc}") from None
         self._ws = ws
         try:
-            await self._prompts.prepare()
+            if self._config.kind == "generation":
+                await self._prompts.prepare()
             await self._send(
                 WorkerInfo(
                     model_config=self._config,
@@ -165,7 +169,7 @@ class WorkerClient:
             await self._send(
                 Pong(ping_id=frame.ping_id, free_slots=self.free_slots, backend_healthy=self._backend_healthy)
             )
-        elif isinstance(frame, Work):
+        elif isinstance(frame, (Work, EmbedWork)):
             self._start_job(frame)
         elif isinstance(frame, Cancel):
             entry = self._jobs.get(frame.message_id)
@@ -176,20 +180,33 @@ class WorkerClient:
         elif isinstance(frame, UpgradeRequired):
             raise FatalWorkerError(frame.detail)
 
-    def _start_job(self, work: Work) -> None:
+    def _start_job(self, work: Work | EmbedWork) -> None:
         if self.free_slots <= 0 or work.message_id in self._jobs:
             reason = "worker is draining" if self._draining else "no free slot"
             asyncio.create_task(
                 self._send(WorkerError(message_id=work.message_id, error=reason, retryable=True))
             )
             return
-        job = Job(work, backend=self._backend, prompts=self._prompts, model_config=self._config)
+        job: Job | EmbeddingJob
+        if isinstance(work, EmbedWork) != (self._config.kind == "embedding"):
+            # A routing mistake of the server: this worker will never be able to do it.
+            wanted = "embedding" if isinstance(work, EmbedWork) else "generation"
+            error = f"worker serves the {self._config.kind} model {self._config.name}, not {wanted} work"
+            asyncio.create_task(
+                self._send(WorkerError(message_id=work.message_id, error=error, retryable=False))
+            )
+            return
+        if isinstance(work, EmbedWork):
+            job = EmbeddingJob(work, backend=self._backend)
+        else:
+            job = Job(work, backend=self._backend, prompts=self._prompts, model_config=self._config)
         task = asyncio.create_task(self._run_job(job))
         self._jobs[work.message_id] = (job, task)
 
-    async def _run_job(self, job: Job) -> None:
+    async def _run_job(self, job: Job | EmbeddingJob) -> None:
         message_id = job.work.message_id
-        logger.info("message {}: generating (attempt {})", message_id, job.work.attempt)
+        action = "embedding" if isinstance(job, EmbeddingJob) else "generating"
+        logger.info("message {}: {} (attempt {})", message_id, action, job.work.attempt)
         try:
             await job.run(self._send)
         except ConnectionClosed:
@@ -220,7 +237,7 @@ class WorkerClient:
     # ------------------------------------------------------------ backend health
     async def _wait_for_backend(self) -> None:
         waited = 0.0
-        while not await self._backend.healthy():
+        while not await self._backend_ready():
             if self._stopped.is_set():
                 return
             if waited == 0.0 or int(waited) % 10 == 0:
@@ -228,6 +245,15 @@ class WorkerClient:
             await asyncio.sleep(1.0)
             waited += 1.0
         self._backend_healthy = True
+        metrics.BACKEND_HEALTHY.set(1)
+
+    async def _backend_ready(self) -> bool:
+        try:
+            return await self._backend.healthy()
+        except BackendError as exc:  # e.g. an embedding model that cannot load
+            if exc.retryable:
+                return False
+            raise FatalWorkerError(str(exc)) from None
 
     async def _watch_backend_health(self) -> None:
         while True:
@@ -236,6 +262,7 @@ class WorkerClient:
             if healthy != self._backend_healthy:
                 logger.warning("backend is {}", "healthy again" if healthy else "unhealthy: taking no work")
             self._backend_healthy = healthy
+            metrics.BACKEND_HEALTHY.set(1 if healthy else 0)
 
 
 def _describe(exc: BaseException) -> str:

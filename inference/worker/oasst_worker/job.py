@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 
@@ -12,6 +13,7 @@ from pydantic import BaseModel
 from oasst_shared.chat_template import ChatTemplateError
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import GeneratedText, Token, Work, WorkerError
+from oasst_worker import metrics
 from oasst_worker.backends import Backend, BackendError, GenerationResult
 from oasst_worker.prompting import PromptBuilder
 from oasst_worker.stop_sequences import StopSequenceFilter
@@ -29,8 +31,23 @@ class Job:
         self._text: list[str] = []
         self._generated = 0
         self._prompt_tokens: int | None = None
+        self._started = time.monotonic()
+        self._first_token_at: float | None = None
 
     async def run(self, send: Send) -> None:
+        metrics.IN_FLIGHT.inc()
+        self._started = time.monotonic()
+        try:
+            outcome = await self._run(send)
+        finally:
+            metrics.IN_FLIGHT.dec()
+        metrics.JOBS.labels(outcome).inc()
+        if self._first_token_at is not None and self._generated > 1:
+            elapsed = time.monotonic() - self._first_token_at
+            if elapsed > 0:
+                metrics.TOKENS_PER_SECOND.observe((self._generated - 1) / elapsed)
+
+    async def _run(self, send: Send) -> str:
         message_id = self.work.message_id
         try:
             result = await self._generate(send)
@@ -48,11 +65,12 @@ class Job:
         except BackendError as exc:
             logger.warning("message {} failed at the backend: {}", message_id, exc)
             await send(WorkerError(message_id=message_id, error=str(exc), retryable=exc.retryable))
-            return
+            return "backend_error"
         except ChatTemplateError as exc:
             await send(WorkerError(message_id=message_id, error=str(exc), retryable=False))
-            return
+            return "prompt_error"
         await send(result)
+        return "cancelled" if result.finish_reason == "cancelled" else "complete"
 
     async def _generate(self, send: Send) -> GeneratedText:
         work = self.work
@@ -62,15 +80,25 @@ class Job:
         max_new_tokens = self._config.cap_max_new_tokens(params.max_new_tokens, prompt.tokens)
         stops = StopSequenceFilter([*params.stop, *self._config.stop_sequences])
         finish_reason = "length"
+        if prompt.messages is not None:
+            backend_stream = self._backend.generate_chat_stream(prompt.messages, params, max_new_tokens)
+        else:
+            backend_stream = self._backend.generate_stream(prompt.text, params, max_new_tokens)
         # aclosing: leaving the loop early closes the backend's HTTP stream at once, not at GC time.
-        async with aclosing(self._backend.generate_stream(prompt.text, params, max_new_tokens)) as stream:
+        async with aclosing(backend_stream) as stream:
             async for item in stream:
                 if isinstance(item, GenerationResult):
                     await self._emit(send, stops.flush())
                     finish_reason = item.finish_reason
                     self._generated = max(self._generated, item.generated_tokens)
+                    if item.prompt_tokens is not None:  # the backend's own count beats our estimate
+                        self._prompt_tokens = item.prompt_tokens
                     break
                 self._generated += 1
+                if self._first_token_at is None:
+                    self._first_token_at = time.monotonic()
+                    metrics.TIME_TO_FIRST_TOKEN.observe(self._first_token_at - self._started)
+                metrics.TOKENS.inc()
                 await self._emit(send, stops.push(item.text))
                 if stops.stopped:
                     finish_reason = "stop_sequence"
@@ -80,7 +108,7 @@ class Job:
             text="".join(self._text),
             finish_reason=finish_reason,
             generated_tokens=self._generated,
-            prompt_tokens=prompt.tokens,
+            prompt_tokens=self._prompt_tokens,
         )
 
     async def _emit(self, send: Send, text: str) -> None:

@@ -8,7 +8,7 @@ from loguru import logger
 
 from oasst_shared.chat_template import CHATML_TEMPLATE, approximate_token_count, render_truncated
 from oasst_shared.model_configs import ModelConfig
-from oasst_shared.protocol import Work
+from oasst_shared.protocol import ChatTurn, Work
 from oasst_worker.backends import Backend
 
 
@@ -16,6 +16,8 @@ from oasst_worker.backends import Backend
 class Prompt:
     text: str
     tokens: int
+    # For backends that apply the chat template themselves: the conversation the text was rendered from.
+    messages: list[ChatTurn] | None = None
 
 
 class PromptBuilder:
@@ -30,6 +32,9 @@ class PromptBuilder:
         """Resolve the chat template (from the model config or the backend) once per connection."""
         source = self._config.chat_template_source
         if source == "inline":
+            return
+        if self._backend.takes_messages:
+            # The backend applies its own template; ours (ChatML unless inline) only sizes the truncation.
             return
         if source == "chatml":
             self.template = CHATML_TEMPLATE
@@ -61,4 +66,17 @@ class PromptBuilder:
         )
         if rendered.dropped_turns:
             logger.info("message {}: dropped {} old turns to fit", work.message_id, rendered.dropped_turns)
-        return Prompt(rendered.text, rendered.prompt_tokens)
+        messages = _kept_messages(work, rendered.dropped_turns) if self._backend.takes_messages else None
+        return Prompt(rendered.text, rendered.prompt_tokens, messages)
+
+
+def _kept_messages(work: Work, dropped_turns: int) -> list[ChatTurn]:
+    """The system prompt and the turns that fit, as render_truncated kept them (it counts from the first
+    non-system turn and merges a leading system turn into the system prompt)."""
+    turns = list(work.thread)
+    system = work.system_prompt
+    if turns and turns[0].role == "system":
+        leading = turns.pop(0).content
+        system = f"{system}\n\n{leading}" if system else leading
+    head = [ChatTurn(role="system", content=system)] if system else []
+    return head + turns[dropped_turns:]

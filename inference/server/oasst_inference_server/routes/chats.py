@@ -2,16 +2,18 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Header, Request
+from fastapi import APIRouter, Header, Query, Request
 from loguru import logger
 from sqlalchemy import select
 from sse_starlette import EventSourceResponse
 
 from oasst_inference_server.broker import is_stream_id
 from oasst_inference_server.chat_store import (
-    chat_messages,
+    chat_read,
     get_chat_message,
     get_own_chat,
+    list_user_chats,
+    message_read_with_feedback,
     title_from_prompt,
     to_chat_list_read,
     to_chat_read,
@@ -19,8 +21,10 @@ from oasst_inference_server.chat_store import (
 from oasst_inference_server.deps import BrokerDep, CurrentUser, RegistryDep, SessionDep, SettingsDep
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.event_reader import read_message_events
+from oasst_inference_server.limits import check_chat_capacity, check_message_length, check_queue_capacity
 from oasst_inference_server.message_lifecycle import MessageLifecycle, to_message_read
 from oasst_inference_server.models import DbChat, DbMessage, utcnow
+from oasst_inference_server.rate_limit import check_generation_limits
 from oasst_shared.schemas import (
     ChatRead,
     CreateAssistantMessageRequest,
@@ -59,35 +63,56 @@ async def create_chat(
     return to_chat_read(chat, [])
 
 
-@router.get("", response_model=ListChatsResponse, responses=_AUTH_ERRORS)
-async def list_chats(user: CurrentUser, session: SessionDep) -> ListChatsResponse:
-    result = await session.execute(
-        select(DbChat)
-        .where(DbChat.user_id == user.id, DbChat.hidden == False)  # noqa: E712 - SQL expression
-        .order_by(DbChat.created_at.desc())
-        .limit(100)
+@router.get(
+    "",
+    response_model=ListChatsResponse,
+    responses={**_AUTH_ERRORS, 400: {"model": ErrorBody, "description": "Invalid cursor"}},
+)
+async def list_chats(
+    user: CurrentUser,
+    session: SessionDep,
+    include_hidden: bool = False,
+    limit: Annotated[int, Query(gt=0, le=100)] = 10,
+    after: Annotated[str | None, Query(max_length=200, description="The `next` cursor of a page")] = None,
+    before: Annotated[str | None, Query(max_length=200, description="The `prev` cursor of a page")] = None,
+) -> ListChatsResponse:
+    """The user's chats, newest first, a page at a time: pass ``next`` as ``after`` for older chats,
+    ``prev`` as ``before`` for newer ones."""
+    chats, next_cursor, prev_cursor = await list_user_chats(
+        session, user, include_hidden=include_hidden, limit=limit, after=after, before=before
     )
-    return ListChatsResponse(chats=[to_chat_list_read(c) for c in result.scalars().all()])
+    return ListChatsResponse(chats=[to_chat_list_read(c) for c in chats], next=next_cursor, prev=prev_cursor)
 
 
 @router.get("/{chat_id}", response_model=ChatRead, responses=_ID_ERRORS)
 async def get_chat(chat_id: str, user: CurrentUser, session: SessionDep) -> ChatRead:
     chat = await get_own_chat(session, user, chat_id)
-    return to_chat_read(chat, await chat_messages(session, chat.id))
+    return await chat_read(session, chat)
 
 
 @router.post(
     "/{chat_id}/prompter_message",
     response_model=MessageRead,
-    responses={**_ID_ERRORS, 400: {"model": ErrorBody, "description": "Bad parent message"}},
+    responses={
+        **_ID_ERRORS,
+        400: {"model": ErrorBody, "description": "Bad parent message"},
+        409: {"model": ErrorBody, "description": "The chat has reached max_messages_per_chat"},
+        422: {"model": ErrorBody, "description": "Empty or too long message"},
+    },
 )
 async def create_prompter_message(
-    chat_id: str, body: CreatePrompterMessageRequest, user: CurrentUser, session: SessionDep
+    chat_id: str,
+    body: CreatePrompterMessageRequest,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
 ) -> MessageRead:
     """Add the user's message, as the first message of the chat or as a reply to an assistant message."""
     chat = await get_own_chat(session, user, chat_id)
     if not body.content.strip():
         raise ApiError(422, "empty_message", "the message is empty")
+    check_message_length(settings, body.content)
+    await check_chat_capacity(session, settings, chat.id)
     if body.parent_id is None:
         has_root = (
             await session.execute(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
@@ -125,7 +150,9 @@ async def create_prompter_message(
     responses={
         **_ID_ERRORS,
         400: {"model": ErrorBody, "description": "Bad parent message or unknown model"},
-        503: {"model": ErrorBody, "description": "No worker serves the model right now"},
+        429: {"model": ErrorBody, "description": "Rate or concurrency limit reached (see Retry-After)"},
+        409: {"model": ErrorBody, "description": "The chat has reached max_messages_per_chat"},
+        503: {"model": ErrorBody, "description": "No worker serves the model, or its queue is full"},
     },
 )
 async def create_assistant_message(
@@ -155,6 +182,9 @@ async def create_assistant_message(
         raise ApiError(
             400, "unknown_model", f"unknown model {body.model_config_name!r}; available models: {available}"
         )
+    await check_generation_limits(session, request.app.state.settings, user.id)
+    await check_chat_capacity(session, request.app.state.settings, chat.id)
+    await check_queue_capacity(session, request.app.state.settings, body.model_config_name)
     now = utcnow()
     message = DbMessage(
         chat_id=chat.id,
@@ -182,7 +212,7 @@ async def create_assistant_message(
 @router.get("/{chat_id}/messages/{message_id}", response_model=MessageRead, responses=_ID_ERRORS)
 async def get_message(chat_id: str, message_id: str, user: CurrentUser, session: SessionDep) -> MessageRead:
     chat = await get_own_chat(session, user, chat_id)
-    return to_message_read(await get_chat_message(session, chat, message_id))
+    return await message_read_with_feedback(session, await get_chat_message(session, chat, message_id))
 
 
 @router.post("/{chat_id}/messages/{message_id}/cancel", response_model=MessageRead, responses=_ID_ERRORS)

@@ -8,6 +8,7 @@ from loguru import logger
 from starlette.websockets import WebSocketDisconnect
 
 from oasst_inference_server.worker_connection import WorkerConnection
+from oasst_inference_server.worker_keys import find_worker_by_key, record_worker_event
 from oasst_shared.protocol import (
     API_KEY_HEADER,
     CLOSE_POLICY_VIOLATION,
@@ -36,7 +37,11 @@ async def worker_work(websocket: WebSocket) -> None:
     """The worker socket: API-key and protocol-version handshake, then the frames of oasst_shared.protocol."""
     state = websocket.app.state
     settings = state.settings
-    if not _key_is_valid(websocket.headers.get(API_KEY_HEADER), settings.worker_api_keys):
+    key = websocket.headers.get(API_KEY_HEADER)
+    static_key = _key_is_valid(key, settings.worker_api_keys)
+    # Besides the static keys of settings: the keys of workers registered through the admin API.
+    registered = None if static_key else await find_worker_by_key(state.session_factory, key)
+    if not static_key and registered is None:
         logger.warning("refused a worker from {}: bad API key", websocket.client)
         await websocket.close(code=CLOSE_POLICY_VIOLATION)  # before accept: an HTTP 403
         return
@@ -79,7 +84,25 @@ async def worker_work(websocket: WebSocket) -> None:
         lifecycle=state.lifecycle,
         registry=state.registry,
     )
-    await connection.run()
+    worker_id = registered.id if registered else None
+    await record_worker_event(
+        state.session_factory,
+        worker_id=worker_id,
+        session_id=connection.session_id,
+        event_type="connected",
+        model_config_name=info.model_config_.name,
+        details={"backend_kind": info.backend_kind, "max_parallel_requests": info.max_parallel_requests},
+    )
+    try:
+        await connection.run()
+    finally:
+        await record_worker_event(
+            state.session_factory,
+            worker_id=worker_id,
+            session_id=connection.session_id,
+            event_type="disconnected",
+            model_config_name=info.model_config_.name,
+        )
 
 
 async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:

@@ -4,6 +4,9 @@ An adapter turns one prompt into an async stream of :class:`StreamedToken` follo
 :class:`GenerationResult`. Cancelling the consuming task must close the HTTP stream to the backend.
 Errors are raised as :class:`BackendError` with ``retryable`` saying whether another worker (or a
 later try) may succeed.
+
+Adapters of a Messages API (``takes_messages``) also implement :meth:`Backend.generate_chat_stream`,
+which takes the conversation instead of rendered text; encoders implement :meth:`Backend.embed`.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import abc
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
-from oasst_shared.protocol import FinishReason
+from oasst_shared.protocol import ChatTurn, FinishReason
 from oasst_shared.sampling import SamplingParameters
 
 
@@ -35,6 +38,14 @@ class GenerationResult:
     text: str
     finish_reason: FinishReason
     generated_tokens: int
+    # The backend's own count of the prompt, where it reports one (OpenAI usage).
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    vectors: list[list[float]]
+    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,9 @@ class BackendInfo:
 
 
 class Backend(abc.ABC):
+    # True when the backend applies the chat template itself: jobs call generate_chat_stream.
+    takes_messages: bool = False
+
     @abc.abstractmethod
     async def info(self) -> BackendInfo: ...
 
@@ -62,6 +76,14 @@ class Backend(abc.ABC):
     def generate_stream(
         self, prompt: str, params: SamplingParameters, max_new_tokens: int
     ) -> AsyncGenerator[StreamedToken | GenerationResult, None]: ...
+
+    def generate_chat_stream(
+        self, messages: list[ChatTurn], params: SamplingParameters, max_new_tokens: int
+    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+        raise BackendError("this backend takes rendered prompts, not messages", retryable=False)
+
+    async def embed(self, inputs: list[str]) -> EmbeddingResult:
+        raise BackendError("this backend serves no embedding model", retryable=False)
 
     async def close(self) -> None:  # noqa: B027 - optional hook
         pass

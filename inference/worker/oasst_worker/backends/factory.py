@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from loguru import logger
+
 from oasst_worker.backends.base import Backend
 from oasst_worker.settings import WorkerSettings
 
@@ -13,4 +15,27 @@ def create_backend(settings: WorkerSettings) -> Backend:
             token_timeout=settings.backend_token_timeout,
             generation_timeout=settings.backend_generation_timeout,
         )
+    if settings.backend_kind == "openai":
+        from oasst_worker.backends.openai import OpenAiBackend
+
+        config = settings.resolve_model_config()
+        if settings.openai_mode == "completions" and config.chat_template_source == "backend":
+            logger.warning(
+                "model config {}: OpenAI-compatible servers do not expose their chat template, so prompts "
+                "are rendered with ChatML; set chat_template_source to 'chatml' or 'inline' (with the "
+                "model's template), or OASST_WORKER_OPENAI_MODE=chat to let the server apply its own",
+                config.name,
+            )
+        return OpenAiBackend(
+            settings.backend_url,
+            model=settings.backend_model or config.model_id,
+            api_key=settings.backend_api_key,
+            mode=settings.openai_mode,
+            token_timeout=settings.backend_token_timeout,
+            generation_timeout=settings.backend_generation_timeout,
+        )
+    if settings.backend_kind == "embedding":
+        from oasst_worker.embedding import SentenceEncoder
+
+        return SentenceEncoder(settings.embedding_model_path, device=settings.embedding_device)
     raise ValueError(f"unknown backend kind {settings.backend_kind!r}")

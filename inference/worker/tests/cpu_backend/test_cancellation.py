@@ -6,6 +6,7 @@ The timeouts in here only bound a hang; no assertion is about speed.
 from __future__ import annotations
 
 import asyncio
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -149,3 +150,28 @@ async def test_overload_queue_timeout_and_request_timeout(limited_backend: Runni
     # And the model serves again afterwards.
     after = await AsyncClient(url, timeout=TIMEOUT).generate(COUNTING_PROMPT, max_new_tokens=4)
     assert after.details.generated_tokens == 4
+
+
+async def test_sigterm_ends_streams_with_an_error_and_exits_cleanly(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    running = start_backend(tmp_path_factory.mktemp("sigterm-backend"))
+    try:
+        stream = AsyncClient(running.url, timeout=TIMEOUT).generate_stream(
+            COUNTING_PROMPT, max_new_tokens=LONG
+        )
+        await stream.__anext__()
+        running.proc.send_signal(signal.SIGTERM)
+        received = 1
+        # The worker can tell this from a finished answer and retry elsewhere.
+        with pytest.raises(IncompleteGenerationError, match="shutting down"):
+            async for _ in stream:
+                received += 1
+        assert received < LONG
+        returncode = await asyncio.to_thread(running.proc.wait, TIMEOUT)
+    finally:
+        stop_backend(running)
+    assert returncode in (0, -signal.SIGTERM)
+    log = running.log()
+    assert "cancelled after" in log and "server shutting down" in log
+    assert "Traceback" not in log and "graceful shutdown exceeded" not in log

@@ -3,6 +3,9 @@ exception types for them."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
@@ -146,3 +149,20 @@ def test_validation_errors_are_counted(backend: RunningBackend) -> None:
     before = backend.metric('oasst_cpu_backend_requests_total{outcome="validation_error"}')
     httpx.post(f"{backend.url}/generate", content=b"{oops", timeout=TIMEOUT)
     assert backend.metric('oasst_cpu_backend_requests_total{outcome="validation_error"}') == before + 1
+
+
+def test_an_oversized_body_is_refused_before_parsing(backend: RunningBackend) -> None:
+    body = json.dumps({"inputs": "a" * (9 * 1024 * 1024)}).encode()
+    error = assert_validation_error(httpx.post(f"{backend.url}/generate", content=body, timeout=TIMEOUT))
+    assert "exceeds" in error["error"]
+
+    async def chunks() -> AsyncIterator[bytes]:
+        # No content-length: the limit must hold for a streamed (chunked) upload too.
+        for start in range(0, len(body), 1 << 20):
+            yield body[start : start + (1 << 20)]
+
+    async def send() -> httpx.Response:
+        async with httpx.AsyncClient(timeout=TIMEOUT) as http:
+            return await http.post(f"{backend.url}/generate", content=chunks())
+
+    assert_validation_error(asyncio.run(send()))

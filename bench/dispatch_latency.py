@@ -1,0 +1,306 @@
+"""Benchmark 3: dispatch latency, from enqueue to a worker receiving the job, at 1, 10 and 100 workers.
+
+The workers are raw websocket clients in this process that speak the worker protocol (worker_info,
+pong, generated_text) for a model of their own, so no real worker or backend is involved. Messages are
+sent one at a time (nothing queues). For each we note when the client sent POST assistant_message, when
+its response came back, and when a worker received the work frame; afterwards the database gives the
+server's enqueued_at (stamped just before the insert commits and the hint is pushed) and started_at
+(the claim). The direct path is the floor of one queue hop: RPUSH to BLPOP on Redis with the same number
+of waiting poppers.
+
+    python bench/dispatch_latency.py             # full: 1, 10, 100 workers, 200 messages each
+    python bench/dispatch_latency.py --tiny      # CI: seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import time
+import uuid
+from typing import Any
+
+from _common import (
+    REDIS_URL,
+    WORKER_API_KEY,
+    BenchRun,
+    OurApi,
+    Report,
+    Table,
+    Target,
+    http_client,
+    instant_model_config,
+    int_list,
+    main_wrapper,
+    message_times,
+    ms,
+    parser,
+    percentile,
+    wait_workers,
+)
+
+PROMPT = "Dispatch me."
+
+
+class RawWorker:
+    """A protocol-speaking worker that records when work arrives and answers it at once."""
+
+    def __init__(
+        self,
+        url: str,
+        model_config: Any,
+        arrivals: dict[str, float],
+        waiters: dict[str, asyncio.Future[float]],
+    ):
+        self.url = url
+        self.model_config = model_config
+        self.arrivals = arrivals
+        self.waiters = waiters
+        self.task: asyncio.Task[None] | None = None
+        self.ws: Any = None
+
+    async def start(self) -> None:
+        from websockets.asyncio.client import connect
+
+        from oasst_shared.protocol import (
+            API_KEY_HEADER,
+            PROTOCOL_VERSION,
+            PROTOCOL_VERSION_HEADER,
+            WorkerInfo,
+            dump_frame,
+        )
+
+        headers = {API_KEY_HEADER: WORKER_API_KEY, PROTOCOL_VERSION_HEADER: str(PROTOCOL_VERSION)}
+        self.ws = await connect(self.url, additional_headers=headers, ping_interval=None, max_queue=None)
+        info = WorkerInfo(model_config=self.model_config, max_parallel_requests=1, backend_kind="fake")
+        await self.ws.send(dump_frame(info))
+        self.task = asyncio.create_task(self._serve())
+
+    async def _serve(self) -> None:
+        from oasst_shared.protocol import GeneratedText, Ping, Pong, Work, dump_frame, parse_server_frame
+
+        async for raw in self.ws:
+            received = time.perf_counter()
+            frame = parse_server_frame(raw)
+            if isinstance(frame, Ping):
+                await self.ws.send(dump_frame(Pong(ping_id=frame.ping_id, free_slots=1)))
+            elif isinstance(frame, Work):
+                self.arrivals[frame.message_id] = received
+                waiter = self.waiters.get(frame.message_id)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(received)
+                result = GeneratedText(
+                    message_id=frame.message_id, text="ok", finish_reason="length", generated_tokens=1
+                )
+                await self.ws.send(dump_frame(result))
+
+    async def close(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+            with contextlib.suppress(BaseException):
+                await self.task
+        if self.ws is not None:
+            with contextlib.suppress(Exception):
+                await self.ws.close()
+
+
+async def redis_hop(poppers: int, samples: int) -> list[float]:
+    """RPUSH -> BLPOP latency with ``poppers`` clients blocked on the list (the floor of one queue hop)."""
+    from redis.asyncio import Redis
+
+    key = f"bench:hop:{uuid.uuid4().hex[:8]}"
+    clients = [Redis.from_url(REDIS_URL) for _ in range(poppers + 1)]
+    sender, pop_clients = clients[0], clients[1:]
+    received: asyncio.Queue[tuple[bytes, float]] = asyncio.Queue()
+
+    async def pop(client: Redis) -> None:
+        while True:
+            item = await client.blpop([key], timeout=5)
+            if item is not None:
+                received.put_nowait((item[1], time.perf_counter()))
+
+    tasks = [asyncio.create_task(pop(c)) for c in pop_clients]
+    await asyncio.sleep(0.3)  # every popper is blocked now
+    out = []
+    try:
+        for i in range(samples):
+            sent = time.perf_counter()
+            await sender.rpush(key, str(i))
+            _, at = await asyncio.wait_for(received.get(), timeout=10)
+            out.append(at - sent)
+            await asyncio.sleep(0.002)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await sender.delete(key)
+        for client in clients:
+            await client.aclose()
+    return out
+
+
+async def run(args: argparse.Namespace) -> Report:
+    levels = args.workers or ([1, 10] if args.tiny else [1, 10, 100])
+    samples = args.samples or (10 if args.tiny else 200)
+    report = Report(
+        "dispatch_latency",
+        "3. Dispatch latency (enqueue -> worker receives the job)",
+        args.tiny,
+        params={"workers": levels, "messages_per_level": samples},
+    )
+    table = Table(
+        "One message at a time; ms; p50 / p99",
+        [
+            "workers",
+            "enqueue->worker p50",
+            "p99",
+            "POST sent->worker p50",
+            "p99",
+            "POST response->worker p50",
+            "p99",
+            "enqueue->claim p50",
+            "POST round trip p50",
+            "Redis hop p50",
+            "p99",
+            "lost",
+        ],
+    )
+    with BenchRun("dispatch", keep_logs=args.keep_logs, embedded=args.embedded) as bench:
+        server = bench.start_server(
+            bench.database(), bench.redis_prefix(), OASST_SERVER_WORKER_PING_INTERVAL="5"
+        )
+        ws_url = server.url.replace("http://", "ws://", 1) + "/workers/work"
+        async with http_client(8) as client:
+            api = OurApi(client, server.url)
+            token = await api.login("dispatch")
+            for level in levels:
+                model_name = f"bench-dispatch-{uuid.uuid4().hex[:8]}"
+                config = instant_model_config(model_name)
+                arrivals: dict[str, float] = {}
+                waiters: dict[str, asyncio.Future[float]] = {}
+                workers = [RawWorker(ws_url, config, arrivals, waiters) for _ in range(level)]
+                try:
+                    for i in range(0, level, 20):
+                        await asyncio.gather(*(w.start() for w in workers[i : i + 20]))
+                    await asyncio.to_thread(wait_workers, server.url, model_name, level)
+                    await asyncio.sleep(0.5)
+                    setups = [await _setup(api, token) for _ in range(samples + 3)]
+                    sent: dict[str, float] = {}
+                    responded: dict[str, float] = {}
+                    lost = 0
+                    for n, (chat_id, parent_id) in enumerate(setups):
+                        loop = asyncio.get_running_loop()
+                        waiter: asyncio.Future[float] = loop.create_future()
+                        t0 = time.perf_counter()
+                        message_id = await api.assistant(token, chat_id, parent_id, model_name, 1)
+                        t1 = time.perf_counter()
+                        if message_id in arrivals:
+                            waiter.set_result(arrivals[message_id])
+                        waiters[message_id] = waiter
+                        try:
+                            await asyncio.wait_for(waiter, timeout=10)
+                        except asyncio.TimeoutError:
+                            lost += 1
+                            continue
+                        if n >= 3:  # the first few warm the pools up
+                            sent[message_id], responded[message_id] = t0, t1
+                        await _wait_finished(api, token, chat_id, message_id)
+                    times = await message_times(server.database_url, sent)
+                finally:
+                    await asyncio.gather(*(w.close() for w in workers))
+                # perf_counter -> wall clock, to compare with the database's timestamps.
+                offset = time.time() - time.perf_counter()
+                post_to_work = [arrivals[m] - sent[m] for m in sent]
+                resp_to_work = [arrivals[m] - responded[m] for m in sent]
+                round_trip = [responded[m] - sent[m] for m in sent]
+                enqueue_to_work = []
+                enqueue_to_claim = []
+                for m in sent:
+                    row = times.get(m) or {}
+                    enq, claim = row.get("enqueued_at"), row.get("started_at")
+                    if enq is not None:
+                        value = arrivals[m] + offset - enq
+                        if -1 < value < 60:  # same clock: anything else is a clock mismatch
+                            enqueue_to_work.append(value)
+                        if claim is not None:
+                            enqueue_to_claim.append(claim - enq)
+                hop = await redis_hop(level, samples) if not args.embedded else []
+                table.rows.append(
+                    [
+                        str(level),
+                        ms(percentile(enqueue_to_work, 50), 2),
+                        ms(percentile(enqueue_to_work, 99), 2),
+                        ms(percentile(post_to_work, 50), 2),
+                        ms(percentile(post_to_work, 99), 2),
+                        ms(percentile(resp_to_work, 50), 2),
+                        ms(percentile(resp_to_work, 99), 2),
+                        ms(percentile(enqueue_to_claim, 50), 2),
+                        ms(percentile(round_trip, 50), 2),
+                        ms(percentile(hop, 50), 2),
+                        ms(percentile(hop, 99), 2),
+                        str(lost),
+                    ]
+                )
+                report.metrics[str(level)] = {
+                    "enqueue_to_worker_p50": percentile(enqueue_to_work, 50),
+                    "enqueue_to_worker_p99": percentile(enqueue_to_work, 99),
+                    "post_to_worker_p50": percentile(post_to_work, 50),
+                    "post_to_worker_p99": percentile(post_to_work, 99),
+                    "response_to_worker_p50": percentile(resp_to_work, 50),
+                    "response_to_worker_p99": percentile(resp_to_work, 99),
+                    "enqueue_to_claim_p50": percentile(enqueue_to_claim, 50),
+                    "post_round_trip_p50": percentile(round_trip, 50),
+                    "redis_hop_p50": percentile(hop, 50),
+                    "redis_hop_p99": percentile(hop, 99),
+                    "samples": len(sent),
+                    "lost": lost,
+                }
+                print(f"{level} workers: done", flush=True)
+    report.tables.append(table)
+    report.notes.append(
+        "enqueue->worker runs from the message's enqueued_at in the database (stamped in the request "
+        "handler just before the insert is committed and the hint pushed) to the raw worker receiving the "
+        "work frame: it includes the commit. POST response->worker is a lower bound (the hint is pushed "
+        "just before the response is written; negative when the work frame wins the race)."
+    )
+    top = str(max(levels))
+    if top in report.metrics and int(top) >= 100:
+        value = report.metrics[top]["enqueue_to_worker_p50"]
+        report.targets.append(
+            Target(
+                f"dispatch latency at {top} workers",
+                "p50 <= 2 ms",
+                f"p50 {ms(value, 2)} ms (enqueue->worker); lower bound {ms(report.metrics[top]['response_to_worker_p50'], 2)} ms",
+                None if value is None else value <= 0.002,
+            )
+        )
+    return report
+
+
+async def _setup(api: OurApi, token: str) -> tuple[str, str]:
+    chat_id = await api.create_chat(token)
+    return chat_id, await api.prompter(token, chat_id, None, PROMPT)
+
+
+async def _wait_finished(api: OurApi, token: str, chat_id: str, message_id: str) -> None:
+    """Until the server has taken the worker's result (so the worker's slot is free again)."""
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        response = await api.client.get(
+            f"{api.base}/chats/{chat_id}/messages/{message_id}", headers=api.auth(token)
+        )
+        if response.status_code == 200 and response.json().get("state") not in ("pending", "in_progress"):
+            return
+        await asyncio.sleep(0.002)
+
+
+def main() -> None:
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--workers", type=int_list, help="comma-separated numbers of workers")
+    p.add_argument("--samples", type=int, help="messages per level")
+    main_wrapper(run, p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

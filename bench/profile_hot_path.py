@@ -1,0 +1,278 @@
+"""Profile the token relay (worker -> server -> broker -> SSE) with py-spy under an instant-backend load.
+
+Runs a closed-loop load of streams through server + worker + instant backend while ``py-spy record``
+samples the server and the worker process (non-blocking, idle frames excluded). Long streams make the
+per-token work dominate the per-message work (requests, database). Prints, for each process, where the
+CPU went: by layer (redis-py, SSE, SQL, logging...), by library of the leaf frame, the top frames by own
+time, the project's frames by inclusive time, and each sample charged to the innermost project frame.
+
+    python bench/profile_hot_path.py              # full: 20 streams of 1,000 tokens for 20 s
+    python bench/profile_hot_path.py --tiny       # CI: a few seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from _common import (
+    INSTANT_MODEL,
+    BenchRun,
+    OurApi,
+    Report,
+    StreamResult,
+    Table,
+    cpu_seconds,
+    http_client,
+    login_users,
+    main_wrapper,
+    num,
+    parser,
+    summarize,
+    wait_workers,
+)
+
+PROMPT = "Profile me."
+# Libraries and layers the relay goes through: a sample counts for each whose frames are on its stack.
+LAYERS = {
+    "redis-py (commands, pool, parser, socket writes)": ("(redis/",),
+    "sse-starlette (event encoding and sending)": ("(sse_starlette/",),
+    "uvicorn HTTP protocol (httptools)": ("httptools_impl",),
+    "websockets (worker socket frames)": ("(websockets/",),
+    "SQL (SQLAlchemy + asyncpg / aiosqlite)": ("(sqlalchemy/", "(asyncpg/", "(aiosqlite/"),
+    "logging (stdlib, loguru, uvicorn's TRACE message logger)": ("(logging/", "(loguru/", "message_logger"),
+    "pydantic (validation, serialisation)": ("(pydantic/", "(pydantic_core/"),
+    "aiohttp + text_generation (backend stream)": ("(aiohttp/", "(text_generation/"),
+    "asyncio.wait_for (a task and a timer per call)": ("wait_for (asyncio/",),
+    "json": ("(json/",),
+}
+NO_PROJECT_FRAME = "(no project frame: event loop, uvicorn, starlette internals)"
+_FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
+
+
+def py_spy() -> str | None:
+    local = Path(sys.executable).parent / "py-spy"
+    return str(local) if local.exists() else shutil.which("py-spy")
+
+
+def package_of(path: str) -> str:
+    """What a frame's file belongs to: its top-level package or stdlib module (py-spy shortens paths)."""
+    path = path.replace("\\", "/")
+    if path.startswith("<frozen "):
+        return path[len("<frozen ") :].rstrip(">").split(".")[0]
+    for marker in ("site-packages/", "dist-packages/"):
+        if marker in path:
+            path = path.split(marker, 1)[1]
+    match = re.search(r"(oasst_[a-z_]+)/", path)
+    if match:
+        return match.group(1)
+    match = re.search(r"python3\.\d+/(.+)", path)
+    if match:
+        path = match.group(1)
+    return path.lstrip("/").split("/")[0].removesuffix(".py") or path
+
+
+def short_frame(frame: str) -> str:
+    match = _FRAME.match(frame.strip())
+    if not match:
+        return frame.strip()
+    return f"{match.group('func')} ({match.group('file')})"
+
+
+@dataclass
+class Profile:
+    samples: int = 0
+    own: Counter[str] = field(default_factory=Counter)
+    inclusive: Counter[str] = field(default_factory=Counter)
+    packages: Counter[str] = field(default_factory=Counter)
+    # Each sample charged to the innermost frame of the project's own code on its stack.
+    nearest: Counter[str] = field(default_factory=Counter)
+    layers: Counter[str] = field(default_factory=Counter)
+
+    def project_frames(self) -> Counter[str]:
+        """Inclusive time of the project's own functions (not the entry point)."""
+        return Counter({k: v for k, v in self.inclusive.items() if "(oasst_" in k and "__main__" not in k})
+
+
+def analyse(raw: str) -> Profile:
+    """Aggregate py-spy's collapsed stacks: samples by package of the leaf, by own and inclusive frame."""
+    profile = Profile()
+    for line in raw.splitlines():
+        stack, _, count_text = line.strip().rpartition(" ")
+        if not stack or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        # Frames look like "func (file:line)"; anything else (a thread name) is dropped.
+        frames = [f.strip() for f in stack.split(";") if _FRAME.match(f.strip())]
+        if not frames:
+            continue
+        profile.samples += count
+        leaf = _FRAME.match(frames[-1])
+        assert leaf is not None
+        profile.own[short_frame(frames[-1])] += count
+        profile.packages[package_of(leaf.group("file"))] += count
+        for name in {short_frame(f) for f in frames}:
+            profile.inclusive[name] += count
+        for layer, needles in LAYERS.items():
+            if any(needle in stack for needle in needles):
+                profile.layers[layer] += count
+        own_code = [f for f in frames if "(oasst_" in f and "__main__" not in f]
+        profile.nearest[short_frame(own_code[-1]) if own_code else NO_PROJECT_FRAME] += count
+    return profile
+
+
+def _share_table(title: str, counter: Counter[str], total: int, top: int) -> Table:
+    table = Table(title, ["%", "samples", "frame"])
+    for name, count in counter.most_common(top):
+        table.rows.append([f"{100 * count / total:.1f}", str(count), name])
+    return table
+
+
+async def run(args: argparse.Namespace) -> Report:
+    concurrency = args.concurrency or (4 if args.tiny else 20)
+    duration = args.duration or (2.0 if args.tiny else 20.0)
+    tokens = args.tokens or (20 if args.tiny else 1000)
+    report = Report(
+        "profile_hot_path",
+        "Profile of the token relay (py-spy, instant backend)",
+        args.tiny,
+        params={"concurrency": concurrency, "seconds": duration, "tokens_per_stream": tokens},
+    )
+    spy = py_spy()
+    if spy is None:
+        report.notes.append("py-spy is not installed: `pip install py-spy` (it is in requirements-dev.txt)")
+        report.metrics["skipped"] = True
+        return report
+    with BenchRun("profile", keep_logs=args.keep_logs, embedded=args.embedded) as bench:
+        backend = bench.start_instant_backend()
+        server = bench.start_server(bench.database(), bench.redis_prefix())
+        worker = bench.start_worker(
+            server.url, backend, model=INSTANT_MODEL, max_parallel=max(concurrency, 2)
+        )
+        wait_workers(server.url, INSTANT_MODEL, 1)
+        targets = {"server": server.pid, "worker": worker.proc.pid}
+        outputs = {name: bench.log_dir / f"py-spy-{name}.txt" for name in targets}
+        async with http_client(concurrency) as client:
+            api = OurApi(client, server.url)
+            users = await login_users(api, concurrency, "profile")
+            # Warm up (imports, connection pools) before sampling.
+            await asyncio.gather(*(_one(api, users[k], tokens) for k in range(concurrency)))
+            spies = [
+                subprocess.Popen(
+                    [
+                        spy,
+                        "record",
+                        "--pid",
+                        str(pid),
+                        "--rate",
+                        str(args.rate),
+                        "--duration",
+                        str(int(duration)),
+                    ]
+                    + ["--format", "raw", "--nonblocking", "--function", "--output", str(outputs[name])],
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.PIPE,
+                )
+                for name, pid in targets.items()
+            ]
+            cpu0 = {name: cpu_seconds(pid) for name, pid in targets.items()}
+            deadline = time.monotonic() + duration
+            results: list[StreamResult] = []
+
+            async def loop(k: int) -> None:
+                while time.monotonic() < deadline:
+                    results.append(await _one(api, users[k], tokens))
+
+            wall0 = time.perf_counter()
+            await asyncio.gather(*(loop(k) for k in range(concurrency)))
+            wall = time.perf_counter() - wall0
+            cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in targets.items()}
+            errors = []
+            for spy_proc in spies:
+                _, stderr = await asyncio.to_thread(spy_proc.communicate, None, duration + 60)
+                if spy_proc.returncode != 0:
+                    errors.append(stderr.decode(errors="replace")[-500:])
+        load = summarize(results)
+        report.metrics.update(
+            requests=load.requests,
+            errors=load.errors,
+            tokens=load.tokens,
+            tokens_per_s=load.tokens_per_s,
+            cpu_seconds=cpu,
+            wall=wall,
+        )
+        report.notes.append(
+            f"load while sampling: {load.requests} streams, {num(load.tokens_per_s)} tokens/s, "
+            f"{load.errors} errors; CPU use: server {num(100 * cpu['server'] / wall)} %, "
+            f"worker {num(100 * cpu['worker'] / wall)} %"
+        )
+        for name, path in outputs.items():
+            if not path.exists():
+                report.notes.append(f"py-spy wrote no profile of the {name}: {' | '.join(errors)[:500]}")
+                continue
+            result = analyse(path.read_text(errors="replace"))
+            total = result.samples
+            report.metrics[f"{name}_samples"] = total
+            if total == 0:
+                report.notes.append(f"py-spy sampled no busy frame of the {name}")
+                continue
+            tokens_per_cpu = load.tokens / cpu[name] if cpu[name] > 0 else None
+            project = result.project_frames()
+            report.metrics[f"{name}_tokens_per_cpu_s"] = tokens_per_cpu
+            report.metrics[f"{name}_packages"] = dict(result.packages.most_common(12))
+            report.metrics[f"{name}_own"] = dict(result.own.most_common(25))
+            report.metrics[f"{name}_project_inclusive"] = dict(project.most_common(25))
+            report.metrics[f"{name}_nearest_project_frame"] = dict(result.nearest.most_common(25))
+            report.metrics[f"{name}_layers"] = dict(result.layers.most_common())
+            label = f"{name} ({total} busy samples, {num(tokens_per_cpu)} tokens per CPU-second)"
+            report.tables.append(
+                _share_table(
+                    f"{label}: CPU by layer (a sample counts for every layer on its stack)",
+                    result.layers,
+                    total,
+                    12,
+                )
+            )
+            report.tables.append(
+                _share_table(f"{label}: CPU by library (leaf frame)", result.packages, total, 12)
+            )
+            report.tables.append(_share_table(f"{label}: top frames by own time", result.own, total, 15))
+            report.tables.append(
+                _share_table(f"{label}: the project's frames by inclusive time", project, total, 20)
+            )
+            report.tables.append(
+                _share_table(
+                    f"{label}: samples charged to the innermost project frame on the stack",
+                    result.nearest,
+                    total,
+                    20,
+                )
+            )
+    return report
+
+
+async def _one(api: OurApi, token: str, tokens: int) -> StreamResult:
+    chat_id = await api.create_chat(token)
+    parent = await api.prompter(token, chat_id, None, PROMPT)
+    return await api.ask(token, chat_id, parent, INSTANT_MODEL, tokens)
+
+
+def main() -> None:
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", type=int)
+    p.add_argument("--duration", type=float, help="seconds of sampling")
+    p.add_argument("--tokens", type=int, help="tokens per stream")
+    p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
+    main_wrapper(run, p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,171 @@
+"""Benchmark 4: the same load through 1 and through 2 server replicas sharing Postgres and Redis.
+
+The instant backend serves the workers. With one replica, every worker and client talks to it; with two,
+the workers are split between the replicas and the clients alternate, so about half of the streams are
+read on the replica that does not hold the worker's socket (their tokens cross through Redis). The
+direct path is the same closed loop straight to the instant backend. Both phases use one fresh database and
+key prefix; the second replica joins the first for phase two.
+
+    python bench/scale_replicas.py              # full: 100 streams of 200 tokens, 400 requests
+    python bench/scale_replicas.py --tiny       # CI: seconds
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from _common import (
+    INSTANT_MODEL,
+    BenchRun,
+    OurApi,
+    Report,
+    Table,
+    closed_loop,
+    cpu_seconds,
+    fmt_ratio,
+    http_client,
+    login_users,
+    main_wrapper,
+    ms,
+    num,
+    parser,
+    peak_rss_mb,
+    prepare_ours,
+    ratio,
+    stream_tgi,
+    summarize,
+    wait_workers,
+)
+
+PROMPT = "Tell me about scaling out."
+
+
+async def run(args: argparse.Namespace) -> Report:
+    if args.embedded:
+        raise SystemExit("replicas need the shared Postgres and Redis: run without --embedded")
+    concurrency = args.concurrency or (4 if args.tiny else 100)
+    tokens = args.tokens or (20 if args.tiny else 200)
+    total = args.requests or (8 if args.tiny else 4 * concurrency)
+    workers = 2
+    report = Report(
+        "scale_replicas",
+        "4. Scale: 1 vs 2 server replicas sharing Postgres and Redis",
+        args.tiny,
+        params={
+            "concurrency": concurrency,
+            "tokens_per_stream": tokens,
+            "requests": total,
+            "workers": workers,
+        },
+    )
+    table = Table(
+        f"{concurrency} concurrent streams of {tokens} tokens, {total} requests, {workers} workers",
+        [
+            "path",
+            "tok/s",
+            "vs 1 replica",
+            "TTFT p50 ms",
+            "TTFT p99 ms",
+            "server CPU-s",
+            "tok per server CPU-s",
+            "peak RSS MiB (each)",
+            "errors",
+        ],
+    )
+    with BenchRun("scale", keep_logs=args.keep_logs) as bench:
+        backend = bench.start_instant_backend()
+        async with http_client(concurrency) as client:
+            direct = summarize(
+                await closed_loop(
+                    concurrency, total, lambda k, i: stream_tgi(client, backend, PROMPT, tokens)
+                )
+            )
+            table.rows.append(
+                [
+                    "direct (instant backend)",
+                    num(direct.tokens_per_s),
+                    "",
+                    ms(direct.ttft_p(50)),
+                    ms(direct.ttft_p(99)),
+                    "",
+                    "",
+                    "",
+                    str(direct.errors),
+                ]
+            )
+            report.metrics["direct"] = {"tokens_per_s": direct.tokens_per_s, "errors": direct.errors}
+            baseline = None
+            database, prefix = bench.database(), bench.redis_prefix()
+            servers = [bench.start_server(database, prefix)]
+            slots = max(2, -(-concurrency // workers))
+            procs = [
+                bench.start_worker(servers[0].url, backend, model=INSTANT_MODEL, max_parallel=slots)
+                for _ in range(workers)
+            ]
+            for replicas in (1, 2):
+                if replicas == 2:
+                    # A second replica on the same database and Redis; half the workers move to it.
+                    servers.append(bench.start_server(database, prefix))
+                    for w in range(1, workers, 2):
+                        bench.stop(procs[w])
+                        procs[w] = bench.start_worker(
+                            servers[1].url, backend, model=INSTANT_MODEL, max_parallel=slots
+                        )
+                wait_workers(servers[0].url, INSTANT_MODEL, workers)
+                apis = [OurApi(client, s.url) for s in servers]
+                users = await login_users(apis[0], concurrency, f"scale{replicas}")
+                timed = await prepare_ours(apis, users, concurrency, total, INSTANT_MODEL, tokens, PROMPT)
+                cpu0 = [cpu_seconds(s.pid) for s in servers]
+                wall0 = time.perf_counter()
+                ours = summarize(await timed())
+                wall = time.perf_counter() - wall0
+                cpu = sum(cpu_seconds(s.pid) - c for s, c in zip(servers, cpu0, strict=True))
+                if replicas == 1:
+                    baseline = ours.tokens_per_s
+                peaks = [peak_rss_mb(s.pid) for s in servers]
+                table.rows.append(
+                    [
+                        f"{replicas} replica{'s' if replicas > 1 else ''}",
+                        num(ours.tokens_per_s),
+                        fmt_ratio(ratio(ours.tokens_per_s, baseline)),
+                        ms(ours.ttft_p(50)),
+                        ms(ours.ttft_p(99)),
+                        num(cpu, 1),
+                        num(ours.tokens / cpu if cpu > 0 else None),
+                        " / ".join(num(p) for p in peaks),
+                        str(ours.errors),
+                    ]
+                )
+                report.metrics[f"replicas_{replicas}"] = {
+                    "tokens_per_s": ours.tokens_per_s,
+                    "ttft_p50": ours.ttft_p(50),
+                    "ttft_p99": ours.ttft_p(99),
+                    "server_cpu_s": cpu,
+                    "wall": wall,
+                    "errors": ours.errors,
+                    "first_error": ours.first_error,
+                    "tokens": ours.tokens,
+                }
+                print(f"{replicas} replica(s): done", flush=True)
+    report.tables.append(table)
+    report.metrics["scale_ratio"] = ratio(
+        report.metrics["replicas_2"]["tokens_per_s"], report.metrics["replicas_1"]["tokens_per_s"]
+    )
+    report.notes.append(
+        "all processes (replicas, workers, backend, load generator) share the machine's 2 cores: a second "
+        "replica can only help while one server process is the bottleneck and a core is left."
+    )
+    return report
+
+
+def main() -> None:
+    p = parser(__doc__.split("\n\n")[0])
+    p.add_argument("--concurrency", type=int)
+    p.add_argument("--tokens", type=int, help="tokens per stream")
+    p.add_argument("--requests", type=int)
+    main_wrapper(run, p.parse_args())
+
+
+if __name__ == "__main__":
+    main()

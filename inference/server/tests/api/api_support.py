@@ -1,0 +1,103 @@
+"""Helpers of the REST API tests (imported by the tests; the fixtures are in conftest.py)."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+from oasst_inference_server.trusted_client import TrustedClient, encode_trusted_client
+
+API = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.asyncio(loop_scope="session")]
+
+ADMIN_TOKEN = "test-admin-root-token-0123456789abcdef"
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+TRUSTED_KEY = "test-trusted-frontend-key-0123456789"
+MAX_MESSAGES_PER_CHAT = 8
+MAX_QUEUE_SIZE = 4
+MAX_MESSAGE_LENGTH = 2000
+
+
+@dataclass
+class User:
+    name: str
+    id: str
+    access_token: str
+    refresh_token: str
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.access_token}"}
+
+
+def trusted_header(user_id: str | None = None, api_key: str = TRUSTED_KEY, **fields: str) -> dict[str, str]:
+    info = TrustedClient(
+        api_key=api_key,
+        client=fields.get("client", "website"),
+        user_id=user_id or str(uuid.uuid4()),
+        provider_account_id=fields.get("provider_account_id", f"acct-{uuid.uuid4().hex[:8]}"),
+        username=fields.get("username", "Web User"),
+    )
+    return {"TrustedClient": encode_trusted_client(info)}
+
+
+@dataclass
+class Conversation:
+    chat_id: str
+    prompter_id: str
+    assistant_id: str | None = None
+
+
+async def start_chat(
+    client: httpx.AsyncClient, user: User, content: str = "Hello there", model: str | None = None
+) -> Conversation:
+    """A chat with one prompt and, given a model, one (pending) answer."""
+    chat = await client.post("/chats", json={}, headers=user.headers)
+    assert chat.status_code == 200, chat.text
+    chat_id = chat.json()["id"]
+    prompter = await client.post(
+        f"/chats/{chat_id}/prompter_message", json={"content": content}, headers=user.headers
+    )
+    assert prompter.status_code == 200, prompter.text
+    conversation = Conversation(chat_id, prompter.json()["id"])
+    if model:
+        conversation.assistant_id = await answer(client, user, chat_id, conversation.prompter_id, model)
+    return conversation
+
+
+async def answer(client: httpx.AsyncClient, user: User, chat_id: str, parent_id: str, model: str) -> str:
+    response = await client.post(
+        f"/chats/{chat_id}/assistant_message",
+        json={"parent_id": parent_id, "model_config_name": model},
+        headers=user.headers,
+    )
+    assert response.status_code == 200, response.text
+    return str(response.json()["id"])
+
+
+async def finish_message(app: FastAPI, message_id: str, content: str = "An answer.") -> None:
+    """Complete a pending answer as a worker would (no worker runs in these tests)."""
+    from sqlalchemy import update
+
+    from oasst_inference_server.models import DbMessage, utcnow
+
+    async with app.state.session_factory() as session:
+        await session.execute(
+            update(DbMessage)
+            .where(DbMessage.id == message_id)  # type: ignore[arg-type]
+            .values(state="complete", content=content, finished_at=utcnow(), finish_reason="eos_token")
+        )
+        await session.commit()
+
+
+def assert_error(response: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) >= {"detail", "code"}, body
+    if code is not None:
+        assert body["code"] == code, body
+    return body

@@ -1,0 +1,166 @@
+"""The admin API: root token, workers and their keys, live sessions, users."""
+
+from __future__ import annotations
+
+import json
+import uuid
+
+import pytest
+from api_support import ADMIN, API, assert_error, start_chat
+
+from oasst_inference_server.broker import WorkerSessionRecord
+from oasst_inference_server.worker_keys import find_worker_by_key, record_worker_event
+
+pytestmark = API
+
+ADMIN_ROUTES = [
+    ("POST", "/admin/workers", {"name": "w"}),
+    ("GET", "/admin/workers", None),
+    ("POST", "/admin/workers/{id}/api_key", None),
+    ("DELETE", "/admin/workers/{id}", None),
+    ("GET", "/admin/worker_sessions", None),
+    ("GET", "/admin/users/{id}", None),
+    ("POST", "/admin/users/{id}/revoke_tokens", None),
+    ("DELETE", "/admin/users/{id}", None),
+]
+
+
+@pytest.mark.parametrize("method, template, body", ADMIN_ROUTES, ids=[f"{m} {t}" for m, t, _ in ADMIN_ROUTES])
+async def test_admin_routes_need_the_root_token(client, app, user, method, template, body):
+    url = template.format(id=user.id)
+    kwargs = {"json": body} if body is not None else {}
+    assert_error(await client.request(method, url, **kwargs), 401, "not_authenticated")
+    # A user's access token is not the root token.
+    assert_error(await client.request(method, url, headers=user.headers, **kwargs), 403, "forbidden")
+    wrong = {"Authorization": "Bearer " + "x" * 40}
+    assert_error(await client.request(method, url, headers=wrong, **kwargs), 403, "forbidden")
+    original = app.state.settings
+    app.state.settings = original.model_copy(update={"admin_root_token": None})
+    try:
+        assert_error(await client.request(method, url, headers=ADMIN, **kwargs), 403, "admin_disabled")
+    finally:
+        app.state.settings = original
+    # Nothing was changed by the refused calls.
+    assert (await client.get("/auth/check", headers=user.headers)).status_code == 200
+
+
+async def test_worker_keys_are_shown_once_and_stored_hashed(client, app):
+    created = await client.post("/admin/workers", json={"name": "gpu-box-1"}, headers=ADMIN)
+    assert created.status_code == 201, created.text
+    worker = created.json()
+    key = worker["api_key"]
+    assert key.startswith("owk_") and worker["api_key_prefix"] == key[:10] and worker["name"] == "gpu-box-1"
+    listed = (await client.get("/admin/workers", headers=ADMIN)).json()
+    mine = next(w for w in listed if w["id"] == worker["id"])
+    assert "api_key" not in mine and mine["connected_sessions"] == 0
+    sessions = app.state.session_factory
+    found = await find_worker_by_key(sessions, key)
+    assert found is not None and found.id == worker["id"] and key not in found.api_key_hash
+    assert await find_worker_by_key(sessions, key + "x") is None
+    assert await find_worker_by_key(sessions, None) is None
+
+    # A new key replaces the old one.
+    rotated = await client.post(f"/admin/workers/{worker['id']}/api_key", headers=ADMIN)
+    assert rotated.status_code == 200
+    new_key = rotated.json()["api_key"]
+    assert new_key != key
+    assert await find_worker_by_key(sessions, key) is None
+    assert (await find_worker_by_key(sessions, new_key)) is not None
+
+    # Deleting the worker ends its key.
+    assert (await client.delete(f"/admin/workers/{worker['id']}", headers=ADMIN)).status_code == 204
+    assert await find_worker_by_key(sessions, new_key) is None
+    assert worker["id"] not in [w["id"] for w in (await client.get("/admin/workers", headers=ADMIN)).json()]
+    assert_error(
+        await client.delete(f"/admin/workers/{worker['id']}", headers=ADMIN), 404, "worker_not_found"
+    )
+    assert_error(
+        await client.post(f"/admin/workers/{worker['id']}/api_key", headers=ADMIN), 404, "worker_not_found"
+    )
+    assert_error(await client.post("/admin/workers", json={"name": ""}, headers=ADMIN), 422)
+
+
+async def test_live_worker_sessions_with_capacity_and_in_flight_work(client, app):
+    worker = (await client.post("/admin/workers", json={"name": "session-box"}, headers=ADMIN)).json()
+    session_id = f"ws-admin-{uuid.uuid4().hex[:8]}"
+    data = {
+        "model_config": {"name": "admin-test-model"},
+        "max_parallel_requests": 4,
+        "free_slots": 3,
+        "in_flight": ["m-1"],
+        "backend_kind": "tgi",
+        "backend_healthy": True,
+        "draining": False,
+        "worker_version": "1.2.3",
+        "connected_at": 1700000000.0,
+    }
+    await record_worker_event(
+        app.state.session_factory, worker_id=worker["id"], session_id=session_id, event_type="connected"
+    )
+    await app.state.broker.put_worker_session(
+        WorkerSessionRecord(session_id, "admin-test-model", json.dumps(data)), ttl=60
+    )
+    try:
+        sessions = (await client.get("/admin/worker_sessions", headers=ADMIN)).json()
+        mine = next(s for s in sessions if s["session_id"] == session_id)
+        assert mine == {
+            "session_id": session_id,
+            "model_config_name": "admin-test-model",
+            "worker_id": worker["id"],
+            "worker_name": "session-box",
+            "max_parallel_requests": 4,
+            "free_slots": 3,
+            "in_flight": ["m-1"],
+            "backend_kind": "tgi",
+            "backend_healthy": True,
+            "draining": False,
+            "worker_version": "1.2.3",
+            "connected_at": 1700000000.0,
+        }
+        listed = (await client.get("/admin/workers", headers=ADMIN)).json()
+        assert next(w for w in listed if w["id"] == worker["id"])["connected_sessions"] == 1
+    finally:
+        await app.state.broker.remove_worker_session(session_id)
+    # The history stays when the worker is deleted.
+    await client.delete(f"/admin/workers/{worker['id']}", headers=ADMIN)
+    from sqlalchemy import select
+
+    from oasst_inference_server.models import DbWorkerEvent
+
+    async with app.state.session_factory() as db:
+        events = (
+            (await db.execute(select(DbWorkerEvent).where(DbWorkerEvent.session_id == session_id)))
+            .scalars()
+            .all()
+        )
+    assert [(e.event_type, e.worker_id) for e in events] == [("connected", None)]
+
+
+async def test_revoke_a_users_refresh_tokens(client, login):
+    user = await login()
+    second = (await client.get("/auth/callback/debug", params={"code": user.name})).json()
+    response = await client.post(f"/admin/users/{user.id}/revoke_tokens", headers=ADMIN)
+    assert response.status_code == 200 and response.json() == {"revoked": 2}
+    for token in (user.refresh_token, second["refresh_token"]["access_token"]):
+        assert_error(
+            await client.post("/auth/refresh", json={"refresh_token": token}), 401, "refresh_token_revoked"
+        )
+    assert (await client.post(f"/admin/users/{user.id}/revoke_tokens", headers=ADMIN)).json() == {
+        "revoked": 0
+    }
+    assert_error(await client.post("/admin/users/nobody/revoke_tokens", headers=ADMIN), 404, "user_not_found")
+
+
+async def test_admin_deletes_a_user(client, login, live_model):
+    user = await login()
+    await start_chat(client, user, model=live_model)
+    info = (await client.get(f"/admin/users/{user.id}", headers=ADMIN)).json()
+    assert info["display_name"] == user.name and info["chat_count"] == 1 and info["deleted"] is False
+    assert (await client.delete(f"/admin/users/{user.id}", headers=ADMIN)).status_code == 204
+    assert_error(await client.get("/auth/check", headers=user.headers), 401, "invalid_token")
+    info = (await client.get(f"/admin/users/{user.id}", headers=ADMIN)).json()
+    assert (
+        info["deleted"] is True and info["display_name"] == "deleted user" and info["provider"] == "deleted"
+    )
+    assert_error(await client.delete(f"/admin/users/{user.id}", headers=ADMIN), 404, "user_not_found")
+    assert_error(await client.get("/admin/users/nobody", headers=ADMIN), 404, "user_not_found")

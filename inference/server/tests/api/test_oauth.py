@@ -1,0 +1,164 @@
+"""OAuth sign-in through authlib against the fake GitHub/Discord provider on loopback."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+import httpx
+import pytest
+from api_support import API, assert_error
+
+from oasst_inference_server import oauth
+
+pytestmark = API
+
+
+async def start(client, provider: str) -> tuple[str, str, str]:
+    """GET /auth/login/{provider}; returns (the provider URL, state, the nonce cookie)."""
+    response = await client.get(f"/auth/login/{provider}")
+    assert response.status_code == 302, response.text
+    location = response.headers["location"]
+    nonce = response.cookies.get(oauth.STATE_COOKIE)
+    assert nonce and "httponly" in response.headers["set-cookie"].lower()
+    client.cookies.clear()  # each test sends the cookie it means to (the client is shared)
+    return location, parse_qs(urlsplit(location).query)["state"][0], nonce
+
+
+async def provider_redirect(location: str) -> tuple[str, dict[str, str]]:
+    """Follow the browser to the provider, which redirects back with a code."""
+    async with httpx.AsyncClient() as browser:
+        response = await browser.get(location)
+    assert response.status_code == 302
+    back = response.headers["location"]
+    return back, {k: v[0] for k, v in parse_qs(urlsplit(back).query).items()}
+
+
+@pytest.mark.parametrize(
+    "provider, identity, expected_name",
+    [
+        ("github", {"id": 4242, "login": "octo-ada"}, "octo-ada"),
+        ("discord", {"id": "80351110224678912", "username": "nelly"}, "nelly"),
+    ],
+)
+async def test_sign_in_with_a_provider(client, fake_provider, provider, identity, expected_name):
+    location, state, nonce = await start(client, provider)
+    query = parse_qs(urlsplit(location).query)
+    assert query["redirect_uri"] == [f"http://testserver/auth/callback/{provider}"]
+    assert query["client_id"] == ["fake-client-id"] and query["response_type"] == ["code"]
+    fake_provider.next_identity = identity
+    back, params = await provider_redirect(location)
+    assert back.startswith(f"http://testserver/auth/callback/{provider}?") and params["state"] == state
+    callback = await client.get(
+        f"/auth/callback/{provider}", params=params, cookies={oauth.STATE_COOKIE: nonce}
+    )
+    assert callback.status_code == 200, callback.text
+    tokens = callback.json()
+    headers = {"Authorization": f"Bearer {tokens['access_token']['access_token']}"}
+    check = (await client.get("/auth/check", headers=headers)).json()
+    assert check["display_name"] == expected_name
+    account = (await client.get("/account", headers=headers)).json()
+    assert account["provider"] == provider and account["provider_account_id"] == str(identity["id"])
+    # The refresh token works like any other.
+    refreshed = await client.post(
+        "/auth/refresh", json={"refresh_token": tokens["refresh_token"]["access_token"]}
+    )
+    assert refreshed.status_code == 200
+    # Signing in again finds the same user.
+    location, _, nonce = await start(client, provider)
+    _, params = await provider_redirect(location)
+    again = await client.get(f"/auth/callback/{provider}", params=params, cookies={oauth.STATE_COOKIE: nonce})
+    again_headers = {"Authorization": f"Bearer {again.json()['access_token']['access_token']}"}
+    assert (await client.get("/auth/check", headers=again_headers)).json()["user_id"] == check["user_id"]
+
+
+async def test_callback_refuses_a_foreign_or_broken_state(client, fake_provider):
+    location, state, nonce = await start(client, "github")
+    _, params = await provider_redirect(location)
+    cookies = {oauth.STATE_COOKIE: nonce}
+    # Started in another browser (no cookie, or another sign-in's cookie).
+    assert_error(await client.get("/auth/callback/github", params=params), 400, "oauth_state_mismatch")
+    _, _, other_nonce = await start(client, "github")
+    assert_error(
+        await client.get("/auth/callback/github", params=params, cookies={oauth.STATE_COOKIE: other_nonce}),
+        400,
+        "oauth_state_mismatch",
+    )
+    # A tampered state, or one made for the other provider.
+    bad = params | {"state": state[:-2] + "xx"}
+    assert_error(
+        await client.get("/auth/callback/github", params=bad, cookies=cookies), 400, "oauth_state_invalid"
+    )
+    assert_error(
+        await client.get("/auth/callback/discord", params=params, cookies=cookies), 400, "oauth_state_invalid"
+    )
+    # Missing parameters.
+    assert_error(await client.get("/auth/callback/github", params={"state": state}, cookies=cookies), 422)
+
+
+async def test_expired_state_is_refused(client, app, fake_provider):
+    config = oauth.get_provider(app.state.settings, "github")
+    expired = app.state.settings.model_copy(update={"oauth_state_ttl_seconds": -5})
+    state, nonce = oauth.new_state(expired, config)
+    response = await client.get(
+        "/auth/callback/github", params={"code": "x", "state": state}, cookies={oauth.STATE_COOKIE: nonce}
+    )
+    assert_error(response, 400, "oauth_state_expired")
+
+
+@pytest.mark.parametrize("provider", ["github", "discord"])
+async def test_a_code_is_good_once(client, fake_provider, provider):
+    location, _, nonce = await start(client, provider)
+    _, params = await provider_redirect(location)
+    cookies = {oauth.STATE_COOKIE: nonce}
+    assert (await client.get(f"/auth/callback/{provider}", params=params, cookies=cookies)).status_code == 200
+    replay = await client.get(f"/auth/callback/{provider}", params=params, cookies=cookies)
+    assert_error(replay, 400, "oauth_error")
+
+
+async def test_wrong_client_secret_is_reported(client, app, fake_provider):
+    location, _, nonce = await start(client, "discord")
+    _, params = await provider_redirect(location)
+    original = app.state.settings
+    app.state.settings = original.model_copy(update={"auth_discord_client_secret": "not-the-secret-000"})
+    try:
+        response = await client.get(
+            "/auth/callback/discord", params=params, cookies={oauth.STATE_COOKIE: nonce}
+        )
+        assert_error(response, 400, "oauth_error")
+    finally:
+        app.state.settings = original
+
+
+async def test_unreachable_provider_is_a_502(client, app):
+    from conftest import free_port
+
+    dead = f"http://127.0.0.1:{free_port()}"
+    original = app.state.settings
+    app.state.settings = original.model_copy(
+        update={"auth_github_token_url": f"{dead}/token", "auth_github_api_base_url": f"{dead}/api/"}
+    )
+    try:
+        config = oauth.get_provider(app.state.settings, "github")
+        state, state_cookie_nonce = oauth.new_state(app.state.settings, config)
+        response = await client.get(
+            "/auth/callback/github",
+            params={"code": "c", "state": state},
+            cookies={oauth.STATE_COOKIE: state_cookie_nonce},
+        )
+        assert_error(response, 502, "oauth_provider_error")
+    finally:
+        app.state.settings = original
+
+
+async def test_unknown_or_unconfigured_provider_is_a_404(client, app):
+    assert_error(await client.get("/auth/login/google"), 404, "unknown_provider")
+    assert_error(
+        await client.get("/auth/callback/google", params={"code": "c", "state": "s"}), 404, "unknown_provider"
+    )
+    original = app.state.settings
+    app.state.settings = original.model_copy(update={"auth_github_client_id": None})
+    try:
+        assert_error(await client.get("/auth/login/github"), 404, "unknown_provider")
+        assert "github" not in (await client.get("/auth/providers")).json()
+    finally:
+        app.state.settings = original

@@ -1,0 +1,364 @@
+"""Any OpenAI-compatible server: vLLM, SGLang, the llama.cpp server, llama-cpp-python, TGI's Messages API.
+
+Two modes. ``completions`` streams ``POST /v1/completions`` with the prompt the worker rendered from the
+model config's chat template. ``chat`` streams ``POST /v1/chat/completions`` with the conversation and lets
+the server apply its own template, for servers that offer only the Messages API.
+
+These servers do not expose their chat template, so in ``completions`` mode a model config should set
+``chat_template_source`` to ``"chatml"`` or ``"inline"``; with ``"backend"`` the worker falls back to ChatML.
+
+Sampling fields outside the OpenAI API (``top_k``, ``repetition_penalty``, ``repeat_penalty``,
+``typical_p``) are sent only when the request sets them: vLLM, SGLang and the llama.cpp servers read them.
+
+Errors: a refused request (400, 413, 422) is not retryable, since another worker would refuse it too;
+everything else (401/403/404: this worker's key or model name, 408, 409, 429, 5xx, connection errors,
+stalls, a stream that ends without a finish reason) is.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, Awaitable
+from typing import Any, Literal, TypeVar
+
+import httpx
+from loguru import logger
+
+from oasst_shared.protocol import ChatTurn, FinishReason
+from oasst_shared.sampling import SamplingParameters
+from oasst_worker.backends.base import Backend, BackendError, BackendInfo, GenerationResult, StreamedToken
+
+OpenAiMode = Literal["completions", "chat"]
+
+# The request itself is bad: every worker's backend would refuse it.
+_NOT_RETRYABLE_STATUS = frozenset({400, 413, 422})
+# The servers' tokenizer endpoints, tried in this order; the first that answers is kept.
+_TOKENIZE_PROBES: tuple[tuple[str, str], ...] = (
+    ("/tokenize", "prompt"),  # vLLM -> {"count", "tokens"}
+    ("/tokenize", "content"),  # llama.cpp server -> {"tokens"}
+    ("/extras/tokenize/count", "input"),  # llama-cpp-python -> {"count"}
+    ("/extras/tokenize", "input"),  # older llama-cpp-python -> {"tokens"}
+)
+
+T = TypeVar("T")
+
+
+def openai_parameters(params: SamplingParameters, max_new_tokens: int) -> dict[str, Any]:
+    """The request fields for our sampling parameters; greedy is ``temperature: 0`` in this API."""
+    body: dict[str, Any] = {"max_tokens": max_new_tokens}
+    if params.is_greedy:
+        body["temperature"] = 0.0
+    else:
+        if params.temperature is not None:
+            body["temperature"] = params.temperature
+        if params.top_p is not None and params.top_p < 1.0:
+            body["top_p"] = params.top_p
+        if params.top_k is not None:
+            body["top_k"] = params.top_k
+        if params.typical_p is not None and params.typical_p < 1.0:
+            body["typical_p"] = params.typical_p
+    if params.repetition_penalty is not None:
+        # vLLM and SGLang call it repetition_penalty, the llama.cpp servers repeat_penalty.
+        body["repetition_penalty"] = params.repetition_penalty
+        body["repeat_penalty"] = params.repetition_penalty
+    if params.seed is not None:
+        body["seed"] = params.seed
+    if params.stop:
+        body["stop"] = list(params.stop)
+    return body
+
+
+def finish_reason(choice: dict[str, Any], stops_sent: bool) -> FinishReason:
+    """Map an OpenAI ``finish_reason`` ("stop" or "length") onto ours.
+
+    "stop" is ambiguous: vLLM says what stopped it in ``stop_reason`` (a string: a stop sequence; a token
+    id or null: end of sequence), SGLang in ``matched_stop``, TGI uses its own reasons. Servers that say
+    nothing (the llama.cpp servers) get "stop_sequence" when the request had stop sequences.
+    """
+    reason = choice.get("finish_reason")
+    if reason == "length":
+        return "length"
+    if reason == "eos_token":
+        return "eos_token"
+    if reason == "stop_sequence":
+        return "stop_sequence"
+    for key in ("stop_reason", "matched_stop"):
+        if key in choice:
+            return "stop_sequence" if isinstance(choice[key], str) else "eos_token"
+    return "stop_sequence" if stops_sent else "eos_token"
+
+
+def _base_url(url: str) -> str:
+    # Accept the server root and the SDK-style ".../v1" alike.
+    url = url.rstrip("/")
+    return url[: -len("/v1")] if url.endswith("/v1") else url
+
+
+def _error_detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:300] or response.reason_phrase
+    if isinstance(body, dict):
+        error = body.get("error", body)
+        if isinstance(error, dict):
+            return str(error.get("message") or error.get("detail") or error)[:300]
+        if error:
+            return str(error)[:300]
+        return str(body.get("message") or body.get("detail") or body)[:300]
+    return str(body)[:300]
+
+
+def status_error(response: httpx.Response) -> BackendError:
+    status = response.status_code
+    return BackendError(
+        f"the backend answered HTTP {status}: {_error_detail(response)}",
+        retryable=status not in _NOT_RETRYABLE_STATUS,
+    )
+
+
+def _stream_error(chunk: dict[str, Any]) -> BackendError:
+    # vLLM and others report a failure inside an already started stream as a data event.
+    error = chunk.get("error", chunk)
+    if not isinstance(error, dict):
+        return BackendError(f"the backend failed mid-stream: {error}", retryable=True)
+    code = error.get("code")
+    bad_request = code in _NOT_RETRYABLE_STATUS or error.get("type") in (
+        "invalid_request_error",
+        "BadRequestError",
+    )
+    message = error.get("message") or error
+    return BackendError(f"the backend failed mid-stream: {message}", retryable=not bad_request)
+
+
+async def _sse_data(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
+    """The JSON payloads of a server-sent event stream, up to ``data: [DONE]``."""
+    async for line in response.aiter_lines():
+        if not line.startswith("data:"):
+            continue  # blank separators, comments (keep-alive pings), event names
+        payload = line[5:].strip()
+        if payload == "[DONE]":
+            return
+        if not payload:
+            continue
+        try:
+            chunk = json.loads(payload)
+        except ValueError:
+            raise BackendError(f"the backend sent malformed JSON: {payload[:200]}", retryable=True) from None
+        if not isinstance(chunk, dict):
+            raise BackendError(f"the backend sent an unexpected event: {payload[:200]}", retryable=True)
+        yield chunk
+
+
+class OpenAiBackend(Backend):
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        model: str,
+        api_key: str | None = None,
+        mode: OpenAiMode = "completions",
+        token_timeout: float,
+        generation_timeout: float,
+    ):
+        self._base_url = _base_url(base_url)
+        self._model = model
+        self._mode = mode
+        self.takes_messages = mode == "chat"
+        self._token_timeout = token_timeout
+        self._generation_timeout = generation_timeout
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        # Stalls and overruns of a generation are timed by us (between tokens, not bytes: servers send
+        # keep-alive comments); httpx bounds only the short requests and the connect.
+        self._http = httpx.AsyncClient(base_url=self._base_url, headers=headers, timeout=httpx.Timeout(10.0))
+        self._health_path: str | None = None
+        self._tokenize_probe: int | None = None
+        self._tokenize_unsupported = False
+        self._warned_auth = False
+
+    # ------------------------------------------------------------ metadata
+    async def info(self) -> BackendInfo:
+        try:
+            response = await self._http.get("/v1/models")
+        except httpx.HTTPError as exc:
+            raise BackendError(f"backend /v1/models failed: {exc}", retryable=True) from None
+        if response.status_code != 200:
+            raise status_error(response)
+        try:
+            models = [m for m in response.json().get("data", []) if isinstance(m, dict)]
+        except (ValueError, AttributeError):
+            raise BackendError("backend /v1/models sent no model list", retryable=True) from None
+        entry = next((m for m in models if m.get("id") == self._model), None)
+        if entry is None and models:
+            logger.warning(
+                "the backend serves {} but the worker asks for {!r} (set OASST_WORKER_BACKEND_MODEL)",
+                [m.get("id") for m in models],
+                self._model,
+            )
+            entry = models[0] if len(models) == 1 else None
+        max_model_len = entry.get("max_model_len") if entry else None
+        # No OpenAI-compatible server exposes its chat template: see the module docstring.
+        return BackendInfo(
+            model_id=entry.get("id") if entry else self._model,
+            max_total_tokens=max_model_len if isinstance(max_model_len, int) else None,
+        )
+
+    async def healthy(self) -> bool:
+        paths = [self._health_path] if self._health_path else ["/health", "/v1/models"]
+        for path in paths:
+            try:
+                response = await self._http.get(path, timeout=5.0)
+            except httpx.HTTPError:
+                return False
+            if response.status_code == 200:
+                self._health_path = path
+                return True
+            if response.status_code in (401, 403) and not self._warned_auth:
+                self._warned_auth = True
+                logger.warning("the backend refused the API key (HTTP {}) at {}", response.status_code, path)
+            if response.status_code not in (404, 405):
+                return False
+        return False
+
+    async def count_tokens(self, text: str) -> int | None:
+        if self._tokenize_unsupported:
+            return None
+        probes = [self._tokenize_probe] if self._tokenize_probe is not None else range(len(_TOKENIZE_PROBES))
+        for index in probes:
+            path, field = _TOKENIZE_PROBES[index]
+            try:
+                response = await self._http.post(path, json={"model": self._model, field: text})
+            except httpx.HTTPError:
+                return None
+            count = _token_count(response)
+            if count is not None:
+                if self._tokenize_probe is None:
+                    logger.info("counting tokens with the backend's {} ({})", path, field)
+                self._tokenize_probe = index
+                return count
+        if self._tokenize_probe is None:
+            logger.info("the backend has no tokenize endpoint: prompt lengths are estimated")
+            self._tokenize_unsupported = True
+        return None
+
+    # ------------------------------------------------------------ generation
+    def generate_stream(
+        self, prompt: str, params: SamplingParameters, max_new_tokens: int
+    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+        body = {"model": self._model, "prompt": prompt, **openai_parameters(params, max_new_tokens)}
+        return self._stream("/v1/completions", body, chat=False)
+
+    def generate_chat_stream(
+        self, messages: list[ChatTurn], params: SamplingParameters, max_new_tokens: int
+    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+        body = {
+            "model": self._model,
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            **openai_parameters(params, max_new_tokens),
+        }
+        return self._stream("/v1/chat/completions", body, chat=True)
+
+    async def _stream(
+        self, path: str, body: dict[str, Any], *, chat: bool
+    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+        body = {**body, "stream": True, "stream_options": {"include_usage": True}}
+        deadline = asyncio.get_running_loop().time() + self._generation_timeout
+        stops_sent = bool(body.get("stop"))
+        response: httpx.Response | None = None
+        events: AsyncGenerator[dict[str, Any], None] | None = None
+        texts: list[str] = []
+        chunks = 0
+        final: dict[str, Any] | None = None
+        usage: dict[str, Any] = {}
+        try:
+            request = self._http.build_request("POST", path, json=body)
+            response = await self._within(self._http.send(request, stream=True), deadline)
+            if response.status_code != 200:
+                await self._within(response.aread(), deadline)
+                raise status_error(response)
+            events = _sse_data(response)
+            while True:
+                try:
+                    chunk = await self._within(events.__anext__(), deadline)
+                except StopAsyncIteration:
+                    break
+                except BackendError:
+                    if final is not None:
+                        break  # the answer is complete; only the usage or [DONE] did not come
+                    raise
+                if "error" in chunk or chunk.get("object") == "error":
+                    raise _stream_error(chunk)
+                if isinstance(chunk.get("usage"), dict):
+                    usage = chunk["usage"]
+                for choice in chunk.get("choices") or []:
+                    text = _choice_text(choice, chat)
+                    if text:
+                        chunks += 1
+                        texts.append(text)
+                        yield StreamedToken(text=text)
+                    if choice.get("finish_reason"):
+                        final = choice
+        except httpx.TransportError as exc:
+            raise BackendError(
+                f"backend connection failed: {type(exc).__name__}: {exc}", retryable=True
+            ) from None
+        finally:
+            # Closing the response closes the connection, so the server stops generating.
+            if events is not None:
+                await events.aclose()
+            if response is not None:
+                await response.aclose()
+        if final is None:
+            raise BackendError("the backend stream ended without a finish reason", retryable=True)
+        completion_tokens = usage.get("completion_tokens")
+        prompt_tokens = usage.get("prompt_tokens")
+        yield GenerationResult(
+            text="".join(texts),
+            finish_reason=finish_reason(final, stops_sent),
+            # Without usage, one streamed chunk per token is what these servers send.
+            generated_tokens=completion_tokens if isinstance(completion_tokens, int) else chunks,
+            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+        )
+
+    async def _within(self, awaitable: Awaitable[T], deadline: float) -> T:
+        """Await one step of a generation: the next token within the stall timeout, all before the deadline."""
+        left = deadline - asyncio.get_running_loop().time()
+        try:
+            return await asyncio.wait_for(awaitable, timeout=max(0.0, min(self._token_timeout, left)))
+        except asyncio.TimeoutError:
+            if left <= self._token_timeout:
+                raise BackendError(
+                    f"the generation took longer than {self._generation_timeout:.0f}s", retryable=True
+                ) from None
+            raise BackendError(
+                f"the backend sent no token for {self._token_timeout:.0f}s", retryable=True
+            ) from None
+
+    async def close(self) -> None:
+        await self._http.aclose()
+
+
+def _choice_text(choice: dict[str, Any], chat: bool) -> str:
+    if chat:
+        delta = choice.get("delta") or {}
+        content = delta.get("content") if isinstance(delta, dict) else None
+    else:
+        content = choice.get("text")
+    return content if isinstance(content, str) else ""
+
+
+def _token_count(response: httpx.Response) -> int | None:
+    if response.status_code != 200:
+        return None
+    try:
+        data = response.json()
+    except ValueError:
+        return None
+    if not isinstance(data, dict):
+        return None
+    if isinstance(data.get("count"), int):
+        return int(data["count"])
+    if isinstance(data.get("tokens"), list):
+        return len(data["tokens"])
+    return None

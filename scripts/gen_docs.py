@@ -1,0 +1,765 @@
+"""Generate the references in docs/ from the code, so that they cannot drift from it.
+
+    python scripts/gen_docs.py           # (re)write docs/protocol.md and docs/configuration.md
+    python scripts/gen_docs.py --check   # exit 1 and name the stale files, writing nothing
+
+``docs/protocol.md`` comes from the pydantic schemas in ``oasst_shared/oasst_shared/protocol.py``;
+``docs/configuration.md`` from the settings classes of the server, the worker and the CPU backend.
+Descriptions come from the code (``Field(description=...)``, else the comment above or beside the
+field, else the class docstring); the few the code lacks are in the tables below, and an entry there
+for a field that no longer exists is an error, so the tables cannot rot either.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import importlib
+import inspect
+import io
+import json
+import re
+import sys
+import textwrap
+import tokenize
+import types
+import typing
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import annotated_types
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
+CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
+
+
+# ---------------------------------------------------------------- descriptions the code lacks
+# Keys are "Class.field". Prefer Field(description=...) in the code; these fill the gaps.
+
+PROTOCOL_NOTES: dict[str, str] = {
+    "WorkerInfo.model_config": "The model the worker serves; workers are interchangeable when its `name` matches.",
+    "WorkerInfo.max_parallel_requests": "Jobs the worker runs at once; the server sends no more than this.",
+    "WorkerInfo.backend_kind": "Which kind of text-generation backend the worker relays to.",
+    "WorkerInfo.worker_version": "The worker package's version, for the operator.",
+    "WorkerInfo.hardware": "What the worker runs on, for the operator.",
+    "Pong.ping_id": "The `ping_id` of the ping answered.",
+    "Pong.free_slots": "Jobs the worker can take now (0 while draining or while its backend is unhealthy).",
+    "Pong.backend_healthy": "Whether the backend answered its last health check.",
+    "Pong.backend_queue_length": "Requests waiting in the backend, where the backend tells.",
+    "Pong.kv_cache_free_tokens": "Free KV-cache tokens in the backend, where the backend tells.",
+    "Token.message_id": "The message being generated.",
+    "Token.text": "The text of this token (never part of a stop sequence: those are held back).",
+    "Token.token_id": "The backend's token id, where known.",
+    "Token.logprob": "The token's log-probability, where known.",
+    "GeneratedText.message_id": "The message that finished.",
+    "GeneratedText.text": "The whole answer: the concatenation of the streamed token texts.",
+    "GeneratedText.finish_reason": "Why generation stopped; `cancelled` after a `cancel`.",
+    "GeneratedText.generated_tokens": "Tokens generated.",
+    "GeneratedText.prompt_tokens": "Tokens in the rendered prompt, where the backend can count them.",
+    "Embeddings.message_id": "The embedding request that finished.",
+    "Embeddings.embeddings": "One vector per input, in input order.",
+    "Embeddings.prompt_tokens": "Tokens in all inputs together.",
+    "WorkerError.message_id": "The failed job, or null for a problem of the worker itself (logged by the server).",
+    "WorkerError.error": "What went wrong, for the operator and, when final, the user.",
+    "WorkerError.retryable": "True: the server puts the message back in the queue (up to its attempt limit). "
+    "False: the message fails with this error.",
+    "Work.message_id": "The assistant message to generate.",
+    "Work.chat_id": "The chat it belongs to; null for API requests without a chat.",
+    "Work.model_config_name": "The model config the message asked for.",
+    "Work.thread": "The conversation so far, oldest turn first, ending with the user's turn.",
+    "Work.system_prompt": "A system prompt to render before the thread.",
+    "Work.sampling_parameters": "How to sample; `max_new_tokens` is further capped by the model's total length.",
+    "Work.attempt": "1 for the first try; higher when the message is retried after a lost worker or a "
+    "retryable error.",
+    "EmbedWork.message_id": "The embedding request.",
+    "EmbedWork.model_config_name": "The encoder model config the request asked for.",
+    "EmbedWork.inputs": "The texts to embed.",
+    "EmbedWork.attempt": "1 for the first try; higher on a retry.",
+    "Cancel.message_id": "The job to stop: the worker closes its backend stream and answers with "
+    "`generated_text` (finish reason `cancelled`) carrying the text so far.",
+    "Ping.ping_id": "Echoed in the `pong`.",
+    "UpgradeRequired.server_protocol_version": "The newest protocol version the server speaks.",
+    "UpgradeRequired.min_supported_version": "The oldest protocol version the server accepts.",
+    "UpgradeRequired.detail": "What to upgrade, in words.",
+    "ChatTurn.role": "Who said it.",
+    "ChatTurn.content": "What was said.",
+    "Hardware.cpu_count": "CPUs of the worker's machine.",
+    "Hardware.memory_bytes": "Memory of the worker's machine.",
+    "Hardware.gpus": "GPU names.",
+    "ModelConfig.name": "What clients ask for; the key of the work queue.",
+    "ModelConfig.model_id": "What the backend loads (a Hugging Face model id or a file name).",
+    "ModelConfig.kind": "`generation` (chat, completions) or `embedding`.",
+    "ModelConfig.description": "Shown to users choosing a model.",
+    "ModelConfig.max_input_length": "Tokens of the rendered prompt; older turns are dropped to fit.",
+    "ModelConfig.max_total_length": "Tokens of prompt plus answer; caps `max_new_tokens`.",
+    "ModelConfig.quantization": "The weights' quantization, for users and operators.",
+    "ModelConfig.chat_template_source": "Where the chat template comes from: the backend (GGUF metadata, "
+    "`/info`), `chat_template` below, or the built-in ChatML.",
+    "ModelConfig.chat_template": "A Jinja chat template (Hugging Face convention), for `inline`.",
+    "ModelConfig.bos_token": "Passed to the chat template.",
+    "ModelConfig.eos_token": "Passed to the chat template.",
+    "ModelConfig.stop_sequences": "Added to every request's stop sequences.",
+    "ModelConfig.parameter_configs": "Named sampling presets offered to users; the first is the default.",
+    "ParameterConfig.name": "The preset's name.",
+    "ParameterConfig.description": "What the preset is for.",
+    "ParameterConfig.sampling_parameters": "The preset's values.",
+    "SamplingParameters.top_k": "Sample among the k most likely tokens.",
+    "SamplingParameters.top_p": "Nucleus sampling: the smallest set of tokens with this probability mass.",
+    "SamplingParameters.typical_p": "Typical sampling mass.",
+    "SamplingParameters.temperature": "0 means greedy (deterministic) decoding.",
+    "SamplingParameters.repetition_penalty": "Above 1 discourages repeating tokens.",
+    "SamplingParameters.max_new_tokens": "Upper bound on the answer's length.",
+    "SamplingParameters.seed": "For repeatable sampling.",
+    "SamplingParameters.stop": "The answer ends before any of these.",
+    "SamplingParameters.do_sample": "False forces greedy decoding; null leaves it to the other parameters.",
+}
+
+FRAME_NOTES: dict[str, str] = {
+    "Pong": "The answer to a `ping`, with the worker's current capacity. Pongs also extend the leases "
+    "of the messages the worker holds.",
+    "Token": "One streamed piece of an answer.",
+    "GeneratedText": "A generation finished (or was cancelled): the whole text and its token counts.",
+    "Cancel": "Stop generating this message.",
+    "Ping": "Are you alive, and how much can you take? Sent every `OASST_SERVER_WORKER_PING_INTERVAL` "
+    "seconds; a worker silent past `OASST_SERVER_WORKER_PING_TIMEOUT` is disconnected and loses its work.",
+}
+
+CLOSE_CODES: dict[str, str] = {
+    "CLOSE_POLICY_VIOLATION": "A malformed or unexpected frame, or no valid `worker_info` first frame within "
+    "`OASST_SERVER_WORKER_HELLO_TIMEOUT`. The messages the connection held are retried elsewhere; the "
+    "server and its other workers are unaffected.",
+    "CLOSE_GOING_AWAY": "The server ended the connection: the worker stopped answering pings, or the "
+    "socket broke. Its messages are retried elsewhere; the worker reconnects with backoff.",
+    "CLOSE_UNSUPPORTED_PROTOCOL": "Sent after `upgrade_required`: the worker's `X-Protocol-Version` is "
+    "outside what the server speaks. The worker exits instead of reconnecting.",
+    "CLOSE_UNAUTHORIZED": "Reserved for a refused API key. Today a bad key is refused before the "
+    "websocket upgrade, with HTTP 403, and the worker exits.",
+}
+
+SETTINGS_NOTES: dict[str, str] = {
+    "oasst_inference_server.settings:Settings.environment": "`production` refuses to start with "
+    "placeholder secrets or with debug login enabled.",
+    "oasst_inference_server.settings:Settings.host": "Address to listen on.",
+    "oasst_inference_server.settings:Settings.port": "Port to listen on.",
+    "oasst_inference_server.settings:Settings.log_level": "DEBUG, INFO, WARNING or ERROR.",
+    "oasst_inference_server.settings:Settings.database_url": "SQLAlchemy URL: `sqlite+aiosqlite:///path` "
+    "(embedded) or `postgresql+asyncpg://user:password@host:5432/db` (production).",
+    "oasst_inference_server.settings:Settings.database_pool_size": "Database connections per server process.",
+    "oasst_inference_server.settings:Settings.redis_key_prefix": "Prefix of every Redis key, so several "
+    "deployments (or test runs) can share one Redis.",
+    "oasst_inference_server.settings:Settings.stream_maxlen": "Most events kept in one message's stream.",
+    "oasst_inference_server.settings:Settings.access_token_expire_minutes": "Lifetime of an access token.",
+    "oasst_inference_server.settings:Settings.refresh_token_expire_days": "Lifetime of a refresh token.",
+    "oasst_inference_server.settings:Settings.allow_debug_auth": "Allow the debug login (any username, no "
+    "password); the text-client and the web page use it in development.",
+    "oasst_inference_server.settings:Settings.worker_api_keys": "API keys workers may connect with "
+    '(JSON list, e.g. `["key-1","key-2"]`).',
+    "oasst_inference_server.settings:Settings.worker_ping_interval": "Seconds between pings to each worker.",
+    "oasst_inference_server.settings:Settings.worker_ping_timeout": "A worker silent this long is "
+    "disconnected and its messages are retried elsewhere.",
+    "oasst_inference_server.settings:Settings.worker_hello_timeout": "Seconds a new worker connection has "
+    "to send its `worker_info` frame.",
+    "oasst_inference_server.settings:Settings.sse_ping_interval": "Seconds between keep-alive comments on "
+    "idle event streams.",
+    "oasst_inference_server.settings:Settings.pending_update_interval": "Seconds between queue-position "
+    "updates to a reader whose message waits.",
+    "oasst_inference_server.settings:Settings.cors_origins": "Origins allowed to call the API from a "
+    "browser (JSON list); empty: no CORS headers.",
+    "oasst_inference_server.settings:Settings.oauth_state_ttl_seconds": "Seconds an OAuth login may take "
+    "between the redirect to the provider and the callback.",
+    "oasst_inference_server.settings:Settings.auth_github_client_id": "GitHub OAuth app client id; unset "
+    "disables GitHub login.",
+    "oasst_inference_server.settings:Settings.auth_github_client_secret": "GitHub OAuth app client secret.",
+    "oasst_inference_server.settings:Settings.auth_github_authorize_url": "GitHub's authorisation page "
+    "(changed only for tests).",
+    "oasst_inference_server.settings:Settings.auth_github_token_url": "GitHub's token endpoint (changed "
+    "only for tests).",
+    "oasst_inference_server.settings:Settings.auth_github_api_base_url": "GitHub's API (changed only for tests).",
+    "oasst_inference_server.settings:Settings.auth_discord_client_id": "Discord OAuth app client id; unset "
+    "disables Discord login.",
+    "oasst_inference_server.settings:Settings.auth_discord_client_secret": "Discord OAuth app client secret.",
+    "oasst_inference_server.settings:Settings.auth_discord_authorize_url": "Discord's authorisation page "
+    "(changed only for tests).",
+    "oasst_inference_server.settings:Settings.auth_discord_token_url": "Discord's token endpoint (changed "
+    "only for tests).",
+    "oasst_inference_server.settings:Settings.auth_discord_api_base_url": "Discord's API (changed only for "
+    "tests).",
+    "oasst_inference_server.settings:Settings.max_messages_per_chat": "Messages one chat may hold.",
+    "oasst_worker.settings:WorkerSettings.backend_model": "openai only: the model name the backend serves "
+    "(default: the model config's `model_id`).",
+    "oasst_worker.settings:WorkerSettings.openai_mode": "openai only: `completions` sends the prompt the "
+    "worker rendered; `chat` sends the conversation to /v1/chat/completions.",
+    "oasst_worker.settings:WorkerSettings.embedding_device": "embedding only: the torch device.",
+    "oasst_worker.settings:WorkerSettings.api_key": "One of the server's `OASST_SERVER_WORKER_API_KEYS`.",
+    "oasst_worker.settings:WorkerSettings.backend_kind": "The backend adapter; `tgi` speaks to "
+    "text-generation-inference and to the bundled CPU backend.",
+    "oasst_worker.settings:WorkerSettings.backend_url": "Base URL of the text-generation backend.",
+    "oasst_worker.settings:WorkerSettings.model_config_name": "A model config known to `oasst_shared` "
+    "(ignored when `OASST_WORKER_MODEL_CONFIG_JSON` is set).",
+    "oasst_worker.settings:WorkerSettings.max_parallel_requests": "Jobs this worker runs at once.",
+    "oasst_worker.settings:WorkerSettings.backend_health_interval": "Seconds between backend health "
+    "checks; while unhealthy the worker takes no work.",
+    "oasst_worker.settings:WorkerSettings.reconnect_min_delay": "First delay before reconnecting to the "
+    "server; doubles up to the maximum.",
+    "oasst_worker.settings:WorkerSettings.reconnect_max_delay": "Longest delay between reconnects.",
+    "oasst_worker.settings:WorkerSettings.log_level": "DEBUG, INFO, WARNING or ERROR.",
+    "oasst_cpu_backend.settings:Settings.host": "Address to listen on.",
+    "oasst_cpu_backend.settings:Settings.port": "Port to listen on (0: any free port).",
+    "oasst_cpu_backend.settings:Settings.model_id": "The model id reported by `/info`.",
+    "oasst_cpu_backend.settings:Settings.n_ctx": "Context window in tokens (prompt plus answer).",
+    "oasst_cpu_backend.settings:Settings.n_batch": "llama.cpp batch size for prompt evaluation.",
+    "oasst_cpu_backend.settings:Settings.max_stop_sequences": "Most stop sequences one request may have.",
+    "oasst_cpu_backend.settings:Settings.max_top_n_tokens": "Most alternatives per token a request may ask for.",
+    "oasst_cpu_backend.settings:Settings.log_level": "DEBUG, INFO, WARNING or ERROR.",
+    "oasst_cpu_backend.settings:Settings.access_log": "Log every HTTP request.",
+    "oasst_cpu_backend.settings:Settings.graceful_shutdown_seconds": "On SIGTERM, how long running "
+    "requests may finish.",
+}
+
+# Defaults computed from the machine: the doc says how, not what this machine gave.
+MACHINE_DEFAULTS: dict[str, str] = {
+    "oasst_cpu_backend.settings:Settings.n_threads": "CPU count - 1 (at least 1)",
+}
+
+
+@dataclass(frozen=True)
+class Component:
+    title: str
+    module: str
+    class_name: str
+    command: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.module}:{self.class_name}"
+
+    def load(self) -> type[BaseModel]:
+        cls = getattr(importlib.import_module(self.module), self.class_name)
+        assert isinstance(cls, type) and issubclass(cls, BaseModel)
+        return cls
+
+
+COMPONENTS = (
+    Component("Server", "oasst_inference_server.settings", "Settings", "oasst-server"),
+    Component("Worker", "oasst_worker.settings", "WorkerSettings", "oasst-worker"),
+    Component("CPU backend", "oasst_cpu_backend.settings", "Settings", "oasst-cpu-backend"),
+)
+
+
+# ---------------------------------------------------------------- reading the code
+
+
+def source_comments(cls: type) -> dict[str, str]:
+    """The comment above each annotated attribute of ``cls`` (or on its line), joined into one text."""
+    try:
+        lines, _ = inspect.getsourcelines(cls)
+    except (OSError, TypeError):
+        return {}
+    source = textwrap.dedent("".join(lines))
+    src_lines = source.splitlines()
+    inline: dict[int, str] = {}
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type == tokenize.COMMENT and src_lines[tok.start[0] - 1].strip() != tok.string.strip():
+            inline[tok.start[0]] = tok.string.lstrip("#").strip()
+    comments: dict[str, str] = {}
+    class_node = ast.parse(source).body[0]
+    assert isinstance(class_node, ast.ClassDef)
+    for node in class_node.body:
+        if not isinstance(node, ast.AnnAssign) or not isinstance(node.target, ast.Name):
+            continue
+        above: list[str] = []
+        index = node.lineno - 2
+        while index >= 0 and src_lines[index].strip().startswith("#"):
+            line = src_lines[index].strip().lstrip("#").strip()
+            if line.startswith("---"):
+                break  # a section heading, not this field's description
+            above.insert(0, line)
+            index -= 1
+        text = " ".join(above)
+        if node.lineno in inline and not inline[node.lineno].startswith(("noqa", "type:")):
+            text = f"{text} {inline[node.lineno]}".strip()
+        if text:
+            comments[node.target.id] = text
+    return comments
+
+
+def rst_to_markdown(text: str) -> str:
+    text = re.sub(r":(?:class|data|func|meth|attr):`~?([^`]+)`", r"`\1`", text)
+    return text.replace("``", "`")
+
+
+def class_doc(cls: type) -> str:
+    doc = vars(cls).get("__doc__")
+    return rst_to_markdown(inspect.cleandoc(doc)) if doc else ""
+
+
+def field_name(name: str, info: FieldInfo) -> str:
+    return info.alias or name
+
+
+def description(cls: type, name: str, info: FieldInfo, notes: dict[str, str], key: str) -> str:
+    if info.description:
+        return rst_to_markdown(info.description)
+    comment = source_comments(cls).get(name)
+    if comment:
+        return rst_to_markdown(comment)
+    return notes.get(key, "")
+
+
+# ---------------------------------------------------------------- rendering values and types
+
+
+def cell(text: str) -> str:
+    """Text safe inside a markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
+def render_type(annotation: Any, link: Callable[[type[BaseModel]], str], aliases: dict[tuple, str]) -> str:
+    origin = typing.get_origin(annotation)
+    args = typing.get_args(annotation)
+    if annotation is type(None):
+        return "null"
+    if origin is typing.Annotated:
+        return render_type(args[0], link, aliases)
+    if origin is typing.Literal:
+        if args in aliases:
+            return aliases[args]
+        return " | ".join(json.dumps(a) for a in args)
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(render_type(a, link, aliases) for a in args)
+    if origin in (list, tuple, set, frozenset, dict):
+        inner = ", ".join(render_type(a, link, aliases) for a in args)
+        return f"{origin.__name__}[{inner}]"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return link(annotation)
+    if isinstance(annotation, type):
+        return annotation.__name__
+    return str(annotation).replace("typing.", "")
+
+
+def render_constraints(info: FieldInfo) -> str:
+    parts: list[str] = []
+    for meta in info.metadata:
+        if isinstance(meta, annotated_types.Ge):
+            parts.append(f"≥ {meta.ge}")
+        elif isinstance(meta, annotated_types.Gt):
+            parts.append(f"> {meta.gt}")
+        elif isinstance(meta, annotated_types.Le):
+            parts.append(f"≤ {meta.le}")
+        elif isinstance(meta, annotated_types.Lt):
+            parts.append(f"< {meta.lt}")
+        elif isinstance(meta, annotated_types.MinLen):
+            parts.append(f"at least {meta.min_length} long")
+        elif isinstance(meta, annotated_types.MaxLen):
+            parts.append(f"at most {meta.max_length} long")
+        elif getattr(meta, "pattern", None):
+            parts.append(f"matches `{meta.pattern}`")
+    return ", ".join(parts)
+
+
+def render_default(info: FieldInfo, key: str) -> str:
+    if key in MACHINE_DEFAULTS:
+        return MACHINE_DEFAULTS[key]
+    if info.is_required():
+        return "required"
+    value = info.default_factory() if info.default_factory is not None else info.default  # type: ignore[call-arg]
+    if value is PydanticUndefined:
+        return "required"
+    if isinstance(value, BaseModel):
+        dumped = value.model_dump(mode="json", exclude_defaults=True)
+        return f"`{json.dumps(dumped)}`" if dumped else "all defaults"
+    if isinstance(value, Path):
+        value = str(value)
+    return f"`{json.dumps(value)}`"
+
+
+# ---------------------------------------------------------------- docs/protocol.md
+
+
+def _union_members(union: Any) -> list[type[BaseModel]]:
+    inner = typing.get_args(union)[0] if typing.get_origin(union) is typing.Annotated else union
+    return list(typing.get_args(inner))
+
+
+def _literal_aliases(module: types.ModuleType) -> dict[tuple, str]:
+    return {
+        typing.get_args(value): name
+        for name, value in vars(module).items()
+        if typing.get_origin(value) is typing.Literal and not name.startswith("_")
+    }
+
+
+def _anchor(name: str) -> str:
+    return name.lower()
+
+
+def _nested_models(roots: Iterable[type[BaseModel]]) -> list[type[BaseModel]]:
+    seen: list[type[BaseModel]] = []
+
+    def walk(annotation: Any) -> None:
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            if annotation not in seen:
+                seen.append(annotation)
+                for info in annotation.model_fields.values():
+                    walk(info.annotation)
+            return
+        for arg in typing.get_args(annotation):
+            walk(arg)
+
+    for root in roots:
+        for info in root.model_fields.values():
+            walk(info.annotation)
+    return seen
+
+
+def protocol_examples(p: types.ModuleType) -> dict[str, BaseModel]:
+    """One valid instance of every frame; validated, so a renamed field breaks generation."""
+    from oasst_shared.model_configs import ModelConfig
+    from oasst_shared.sampling import SamplingParameters
+
+    model = ModelConfig(
+        name="SmolLM2-135M-Instruct",
+        model_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        max_input_length=1536,
+        max_total_length=2048,
+        stop_sequences=["<|im_end|>"],
+    )
+    mid = "01JBX7Q2W8M5R3K9T6V4Y1Z0AB"
+    return {
+        "WorkerInfo": p.WorkerInfo(
+            model_config=model,
+            max_parallel_requests=2,
+            backend_kind="tgi",
+            worker_version="0.1.0",
+            hardware=p.Hardware(cpu_count=8),
+        ),
+        "Pong": p.Pong(ping_id="3f9c1a2b7d4e", free_slots=1),
+        "Token": p.Token(message_id=mid, text=" Paris"),
+        "GeneratedText": p.GeneratedText(
+            message_id=mid,
+            text="The capital of France is Paris.",
+            finish_reason="eos_token",
+            generated_tokens=8,
+            prompt_tokens=31,
+        ),
+        "Embeddings": p.Embeddings(message_id=mid, embeddings=[[0.12, -0.03, 0.4]], prompt_tokens=5),
+        "WorkerError": p.WorkerError(message_id=mid, error="backend connection failed", retryable=True),
+        "Drain": p.Drain(),
+        "Work": p.Work(
+            message_id=mid,
+            chat_id="01JBX7PZ3M0E2N6Q8R1S4T7U9V",
+            model_config_name="SmolLM2-135M-Instruct",
+            thread=[p.ChatTurn(role="user", content="What is the capital of France?")],
+            sampling_parameters=SamplingParameters(temperature=0.7, top_p=0.95, max_new_tokens=256),
+        ),
+        "EmbedWork": p.EmbedWork(message_id=mid, model_config_name="all-MiniLM-L6-v2", inputs=["hello"]),
+        "Cancel": p.Cancel(message_id=mid),
+        "Ping": p.Ping(ping_id="3f9c1a2b7d4e"),
+        "UpgradeRequired": p.UpgradeRequired(
+            server_protocol_version=p.PROTOCOL_VERSION,
+            min_supported_version=p.MIN_SUPPORTED_PROTOCOL_VERSION,
+            detail="this server speaks worker protocol 1..1, the worker sent 0: upgrade the worker",
+        ),
+    }
+
+
+def render_protocol() -> str:
+    p = importlib.import_module("oasst_shared.protocol")
+    worker_frames = _union_members(p.WorkerFrame)
+    server_frames = _union_members(p.ServerFrame)
+    frames = [(f, "worker → server") for f in worker_frames] + [(f, "server → worker") for f in server_frames]
+    frame_names = {f.__name__ for f, _ in frames}
+    nested = [m for m in _nested_models(f for f, _ in frames) if m.__name__ not in frame_names]
+    aliases = _literal_aliases(p)
+    close_constants = {n: v for n, v in vars(p).items() if n.startswith("CLOSE_")}
+    examples = protocol_examples(p)
+
+    def link(model: type[BaseModel]) -> str:
+        if model.__name__ in frame_names:
+            return f"[{model.__name__}](#{_anchor(model.model_fields['type'].default)})"
+        return f"[{model.__name__}](#{_anchor(model.__name__)})"
+
+    alias_links = {args: f"[{name}](#{_anchor(name)})" for args, name in aliases.items()}
+    out: list[str] = []
+    w = out.append
+    w("# Worker protocol reference")
+    w("")
+    w("<!-- Generated by scripts/gen_docs.py from oasst_shared/oasst_shared/protocol.py: do not edit by")
+    w("     hand; change the schemas and run `make docs`. tests/ops/test_generated_docs.py checks it. -->")
+    w("")
+    w(
+        "Workers connect to the server over one websocket each and exchange JSON frames. Every frame is one "
+        "JSON object with a `type` field; each side parses it with a pydantic discriminated union "
+        "(`WorkerFrame`, `ServerFrame` in `oasst_shared.protocol`), so a frame is parsed and validated in one "
+        "step. Unknown fields are refused."
+    )
+    w("")
+    w(
+        f"Protocol version: **{p.PROTOCOL_VERSION}**; the server accepts workers speaking versions "
+        f"{p.MIN_SUPPORTED_PROTOCOL_VERSION} to {p.PROTOCOL_VERSION}. Bump `PROTOCOL_VERSION` on any change "
+        "an older peer would misread."
+    )
+    w("")
+    w("## Handshake")
+    w("")
+    w("1. The worker opens `ws(s)://SERVER/workers/work` with two headers:")
+    w("")
+    w("   | header | value |")
+    w("   |---|---|")
+    w(f"   | `{p.API_KEY_HEADER}` | one of the server's `OASST_SERVER_WORKER_API_KEYS` |")
+    w(f"   | `{p.PROTOCOL_VERSION_HEADER}` | the worker's protocol version (`{p.PROTOCOL_VERSION}`) |")
+    w("")
+    w("2. A missing or wrong API key is refused before the upgrade: HTTP 403. The worker exits.")
+    w(
+        f"3. A protocol version outside {p.MIN_SUPPORTED_PROTOCOL_VERSION}..{p.PROTOCOL_VERSION}: the server "
+        f"accepts, sends one [`upgrade_required`](#upgrade_required) frame and closes with "
+        f"`{p.CLOSE_UNSUPPORTED_PROTOCOL}`. The worker exits."
+    )
+    w(
+        "4. The worker's first frame must be [`worker_info`](#worker_info), within "
+        f"`OASST_SERVER_WORKER_HELLO_TIMEOUT`; anything else closes with `{p.CLOSE_POLICY_VIOLATION}`."
+    )
+    w(
+        "5. Then, until either side closes: the server sends `ping` regularly and `work` (or `embed`) while "
+        "the worker has a free slot, and relays `cancel` from any replica; the worker answers every `ping` "
+        "with a `pong`, streams `token` frames and ends each job with exactly one `generated_text`, "
+        "`embeddings` or `error`. On SIGTERM the worker sends `drain`, finishes its jobs and closes."
+    )
+    w("")
+    w("```mermaid")
+    w("sequenceDiagram")
+    w("    participant W as worker")
+    w("    participant S as server")
+    w(f"    W->>S: GET /workers/work (Upgrade)<br/>{p.API_KEY_HEADER}, {p.PROTOCOL_VERSION_HEADER}")
+    w("    S-->>W: 101 Switching Protocols")
+    w("    W->>S: worker_info")
+    w("    S->>W: ping")
+    w("    W->>S: pong {free_slots}")
+    w("    S->>W: work")
+    w("    W->>S: token, token, ...")
+    w("    W->>S: generated_text")
+    w("```")
+    w("")
+    w("## Close codes")
+    w("")
+    w("| code | constant | when |")
+    w("|---|---|---|")
+    for name, value in sorted(close_constants.items(), key=lambda kv: kv[1]):
+        w(f"| `{value}` | `{name}` | {cell(CLOSE_CODES.get(name, ''))} |")
+    w("")
+    w("## Frames")
+    w("")
+    w("| type | direction | purpose |")
+    w("|---|---|---|")
+    for frame, direction in frames:
+        ftype = frame.model_fields["type"].default
+        summary = (class_doc(frame) or FRAME_NOTES.get(frame.__name__, "")).split("\n\n")[0]
+        w(f"| [`{ftype}`](#{_anchor(ftype)}) | {direction} | {cell(summary)} |")
+    w("")
+    for frame, direction in frames:
+        ftype = frame.model_fields["type"].default
+        w(f"### {ftype}")
+        w("")
+        w(f"{direction}; `{frame.__name__}` in `oasst_shared.protocol`.")
+        w("")
+        doc = class_doc(frame) or FRAME_NOTES.get(frame.__name__, "")
+        if doc:
+            w(doc)
+            w("")
+        _field_table(w, frame, link, alias_links, skip={"type"})
+        w("")
+        w("```json")
+        w(json.dumps(json.loads(p.dump_frame(examples[frame.__name__])), indent=2, ensure_ascii=False))
+        w("```")
+        w("")
+    w("## Shared types")
+    w("")
+    for model in nested:
+        w(f"### {model.__name__}")
+        w("")
+        w(f"`{model.__module__}.{model.__name__}`")
+        w("")
+        doc = class_doc(model)
+        if doc:
+            w(doc)
+            w("")
+        if model.model_config.get("extra") == "allow":
+            w("Fields not listed here are accepted and kept.")
+            w("")
+        _field_table(w, model, link, alias_links, skip=set())
+        w("")
+    for args, name in aliases.items():
+        w(f"### {name}")
+        w("")
+        w("One of: " + ", ".join(f"`{json.dumps(a)}`" for a in args) + ".")
+        w("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _field_table(
+    w: Callable[[str], None],
+    model: type[BaseModel],
+    link: Callable[[type[BaseModel]], str],
+    aliases: dict[tuple, str],
+    skip: set[str],
+) -> None:
+    rows = [(n, i) for n, i in model.model_fields.items() if n not in skip]
+    if not rows:
+        w("No fields besides `type`.")
+        return
+    w("| field | type | default | constraints | description |")
+    w("|---|---|---|---|---|")
+    for name, info in rows:
+        public = field_name(name, info)
+        key = f"{model.__name__}.{public}"
+        text = description(model, name, info, PROTOCOL_NOTES, key)
+        default = render_default(info, key)
+        w(
+            f"| `{public}` | {cell(render_type(info.annotation, link, aliases))} | {cell(default)} | "
+            f"{cell(render_constraints(info))} | {cell(text)} |"
+        )
+
+
+# ---------------------------------------------------------------- docs/configuration.md
+
+
+def env_names(cls: type[BaseModel]) -> dict[str, str]:
+    """Field name -> the environment variable a pydantic-settings class reads it from."""
+    prefix = str(cls.model_config.get("env_prefix", ""))
+    names = {}
+    for name, info in cls.model_fields.items():
+        alias = info.validation_alias if isinstance(info.validation_alias, str) else info.alias
+        names[name] = (alias or f"{prefix}{name}").upper()
+    return names
+
+
+def render_configuration() -> str:
+    classes = [(c, c.load()) for c in COMPONENTS]
+    out: list[str] = []
+    w = out.append
+    w("# Configuration reference")
+    w("")
+    w("<!-- Generated by scripts/gen_docs.py from the settings classes: do not edit by hand; change the")
+    w("     settings and run `make docs`. tests/ops/test_generated_docs.py checks it. -->")
+    w("")
+    w(
+        "Every component reads its settings from environment variables with its own prefix (names are "
+        'case-insensitive). Lists and objects are given as JSON (`\'["a","b"]\'`); booleans as '
+        "`true`/`false`; durations are in seconds unless the name says otherwise."
+    )
+    w("")
+    w("| component | command | prefix | `.env` file | settings class |")
+    w("|---|---|---|---|---|")
+    for component, cls in classes:
+        env_file = cls.model_config.get("env_file")
+        path = Path(inspect.getfile(cls)).resolve().relative_to(ROOT)
+        w(
+            f"| [{component.title}](#{_anchor(component.title).replace(' ', '-')}) | `{component.command}` | "
+            f"`{cls.model_config.get('env_prefix', '')}` | "
+            f"{'read from the working directory' if env_file else 'no'} | "
+            f"[`{component.class_name}`]({Path('..') / path}) |"
+        )
+    w("")
+    w(
+        "The text-client's variables (`OASST_SERVER_URL`, `OASST_USERNAME`, `OASST_MODEL`) are in "
+        "[text-client.md](text-client.md); those of `full-dev-setup.sh` and of `docker-compose.yml` in "
+        "[deploy.md](deploy.md)."
+    )
+    w("")
+    for component, cls in classes:
+        w(f"## {component.title}")
+        w("")
+        doc = class_doc(cls)
+        if doc:
+            w(doc)
+            w("")
+        w("| variable | type | default | allowed | description |")
+        w("|---|---|---|---|---|")
+        names = env_names(cls)
+        for name, info in cls.model_fields.items():
+            key = f"{component.key}.{name}"
+            text = description(cls, name, info, SETTINGS_NOTES, key)
+            w(
+                f"| `{names[name]}` | {cell(render_type(info.annotation, lambda m: m.__name__, {}))} | "
+                f"{cell(render_default(info, key))} | {cell(render_constraints(info))} | {cell(text)} |"
+            )
+        w("")
+    return "\n".join(out).rstrip() + "\n"
+
+
+def problems() -> list[str]:
+    """What keeps the references from being complete: undocumented settings, fields and close codes,
+    and entries of the tables above that name something that no longer exists."""
+    found: list[str] = []
+    p = importlib.import_module("oasst_shared.protocol")
+    frames = _union_members(p.WorkerFrame) + _union_members(p.ServerFrame)
+    models = frames + [m for m in _nested_models(frames) if m not in frames]
+    protocol_keys: set[str] = set()
+    for model in models:
+        if model in frames and not (class_doc(model) or FRAME_NOTES.get(model.__name__)):
+            found.append(f"frame {model.__name__} has no docstring (or FRAME_NOTES entry)")
+        for name, info in model.model_fields.items():
+            key = f"{model.__name__}.{field_name(name, info)}"
+            protocol_keys.add(key)
+            if name != "type" and not description(model, name, info, PROTOCOL_NOTES, key):
+                found.append(f"protocol field {key} has no description")
+    close_constants = {n for n in vars(p) if n.startswith("CLOSE_")}
+    found += [f"close code {n} has no CLOSE_CODES entry" for n in sorted(close_constants - set(CLOSE_CODES))]
+    settings_keys: set[str] = set()
+    for component in COMPONENTS:
+        cls = component.load()
+        names = env_names(cls)
+        for name, info in cls.model_fields.items():
+            key = f"{component.key}.{name}"
+            settings_keys.add(key)
+            if not description(cls, name, info, SETTINGS_NOTES, key):
+                found.append(f"setting {names[name]} has no description ({component.module}.{name})")
+    for table, notes, known in (
+        ("PROTOCOL_NOTES", PROTOCOL_NOTES, protocol_keys),
+        ("FRAME_NOTES", FRAME_NOTES, {f.__name__ for f in frames}),
+        ("CLOSE_CODES", CLOSE_CODES, close_constants),
+        ("SETTINGS_NOTES", SETTINGS_NOTES, settings_keys),
+        ("MACHINE_DEFAULTS", MACHINE_DEFAULTS, settings_keys),
+    ):
+        found += [f"{table}[{k!r}] names nothing that exists: remove it" for k in sorted(set(notes) - known)]
+    return found
+
+
+# ---------------------------------------------------------------- main
+
+DOCS: dict[Path, Callable[[], str]] = {PROTOCOL_DOC: render_protocol, CONFIGURATION_DOC: render_configuration}
+
+
+def stale_docs() -> list[Path]:
+    return [path for path, render in DOCS.items() if not path.is_file() or path.read_text() != render()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only report stale files (exit 1 if any)")
+    args = parser.parse_args(argv)
+    if args.check:
+        stale = stale_docs()
+        for path in stale:
+            print(f"{path.relative_to(ROOT)} is stale: run `make docs`", file=sys.stderr)
+        return 1 if stale else 0
+    for problem in problems():
+        print(f"warning: {problem}", file=sys.stderr)
+    for path, render in DOCS.items():
+        text = render()
+        if not path.is_file() or path.read_text() != text:
+            path.write_text(text)
+            print(f"wrote {path.relative_to(ROOT)}")
+        else:
+            print(f"{path.relative_to(ROOT)} is up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

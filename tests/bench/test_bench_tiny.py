@@ -1,0 +1,130 @@
+"""CI's tiny mode of the benchmarks: each script runs with ``--tiny`` and must report sane numbers.
+
+The numbers are not judged against the targets (a shared CI machine is too noisy for that); these tests
+only keep the scripts from rotting: they start the real processes, finish, lose nothing and measure
+something plausible on both paths.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+
+def run_tiny(name: str, tmp_path: Path, *extra: str, timeout: float = 240) -> dict[str, Any]:
+    out = tmp_path / f"{name}.json"
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / f"{name}.py"), "--tiny", "--json", str(out), *extra],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    report = json.loads(out.read_text())
+    assert report["script"] == name and report["tiny"] is True
+    assert report["tables"] and all(t["rows"] for t in report["tables"])
+    assert report["machine"]["nproc"] >= 1
+    return report
+
+
+def plausible_seconds(value: float | None, upper: float = 30.0) -> bool:
+    return value is not None and 0 < value < upper
+
+
+def test_relay_efficiency(tmp_path):
+    report = run_tiny("relay_efficiency", tmp_path)
+    m = report["metrics"]
+    assert m["errors"] == 0, m["first_error"]
+    for path in ("direct", "ours"):
+        assert m[path]["tokens"] > 0
+        assert plausible_seconds(m[path]["ttft_p50"])
+        assert m[path]["decode_tokens_per_s"] > 1
+    assert 0.05 < m["decode_ratio"] < 5
+    assert {t["name"] for t in report["targets"]} == {
+        "relay efficiency on the real model",
+        "added time to first token on the real model",
+    }
+
+
+def test_broker_overhead(tmp_path):
+    report = run_tiny("broker_overhead", tmp_path)
+    levels = report["metrics"]
+    assert set(levels) == {"1", "10"}
+    for level in levels.values():
+        assert level["errors"] == 0, level["first_error"]
+        assert level["wrong_token_counts"] == 0
+        assert level["tokens"] == level["requests"] * report["params"]["tokens_per_stream"]
+        assert plausible_seconds(level["direct_ttft_p50"]) and plausible_seconds(level["ours_ttft_p50"])
+        assert level["ours_tokens_per_s"] > 0 and level["direct_tokens_per_s"] > 0
+        assert level["tokens_per_server_cpu_s"] > 0
+        assert 10 < level["server_peak_rss_mib"] < 4096
+
+
+def test_dispatch_latency(tmp_path):
+    report = run_tiny("dispatch_latency", tmp_path)
+    levels = report["metrics"]
+    assert set(levels) == {"1", "10"}
+    for level in levels.values():
+        assert level["lost"] == 0
+        assert level["samples"] >= 8
+        assert plausible_seconds(level["post_to_worker_p50"], 5)
+        assert plausible_seconds(level["enqueue_to_worker_p50"], 5)
+        assert plausible_seconds(level["redis_hop_p50"], 1)
+
+
+def test_scale_replicas(tmp_path):
+    report = run_tiny("scale_replicas", tmp_path)
+    m = report["metrics"]
+    for replicas in ("replicas_1", "replicas_2"):
+        assert m[replicas]["errors"] == 0, m[replicas]["first_error"]
+        assert m[replicas]["tokens"] == report["params"]["requests"] * report["params"]["tokens_per_stream"]
+        assert plausible_seconds(m[replicas]["ttft_p50"])
+    assert m["scale_ratio"] > 0
+
+
+def test_user_load_loses_nothing(tmp_path):
+    report = run_tiny("user_load", tmp_path)
+    runs = report["metrics"]
+    assert set(runs) == {"cpu_2_direct", "cpu_2_ours", "instant_2_direct", "instant_2_ours"}
+    for name, run in runs.items():
+        assert run["errors"] == 0, f"{name}: {run['first_error']}"
+        assert run["turns"] >= 2
+        assert plausible_seconds(run["ttft_p50"])
+    for name in ("cpu_2_ours", "instant_2_ours"):
+        assert runs[name]["lost"] == 0
+        assert runs[name]["queue_wait_p50"] is not None and runs[name]["queue_wait_p50"] >= 0
+
+
+def test_litellm_compare_says_it_skipped_litellm(tmp_path):
+    report = run_tiny("litellm_compare", tmp_path)
+    assert any("LiteLLM skipped" in note for note in report["notes"])
+    m = report["metrics"]
+    assert not any(key.endswith("_LiteLLM") for key in m)
+    for level in (1, 4):
+        assert m[f"{level}_direct"]["errors"] == 0 and m[f"{level}_ours"]["errors"] == 0
+        assert m[f"{level}_ours"]["tokens_per_s"] > 0
+        assert m[f"{level}_ours"]["cpu_s_per_1k_tokens"] > 0
+
+
+@pytest.mark.skipif(
+    not (Path(sys.executable).parent / "py-spy").exists() and shutil.which("py-spy") is None,
+    reason="py-spy is not installed",
+)
+def test_profile_hot_path(tmp_path):
+    report = run_tiny("profile_hot_path", tmp_path)
+    m = report["metrics"]
+    assert m["errors"] == 0 and m["tokens"] > 0
+    assert m["server_samples"] > 0, report["notes"]
+    assert any("oasst_inference_server" in frame for frame in m["server_project_inclusive"])

@@ -1,0 +1,134 @@
+"""The parts of the benchmarks that need no processes: statistics, the report file, the profile parser."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "bench"
+if str(BENCH) not in sys.path:
+    sys.path.insert(0, str(BENCH))
+
+import _common  # noqa: E402
+import profile_hot_path  # noqa: E402
+import run_all  # noqa: E402
+
+
+def test_percentiles_are_nearest_rank():
+    values = [float(v) for v in range(1, 101)]
+    assert _common.percentile(values, 50) == 50
+    assert _common.percentile(values, 99) == 99
+    assert _common.percentile([3.0], 99) == 3.0
+    assert _common.percentile([], 50) is None
+    assert _common.median([1.0, 2.0, 3.0, 10.0]) == 2.5
+
+
+def test_closed_loop_runs_every_index_once_on_its_task():
+    import asyncio
+
+    seen: list[tuple[int, int]] = []
+
+    async def request(task: int, index: int) -> _common.StreamResult:
+        seen.append((task, index))
+        await asyncio.sleep(0)
+        return _common.StreamResult(started=0.0, ended=1.0, ok=True, tokens=1)
+
+    results = asyncio.run(_common.closed_loop(3, 10, request))
+    assert len(results) == 10
+    assert sorted(i for _, i in seen) == list(range(10))
+    assert all(i % 3 == task for task, i in seen)
+
+
+def _report(script: str, **extra):
+    return {
+        "script": script,
+        "title": f"Title of {script}",
+        "tiny": False,
+        "params": {"levels": [1, 10], "tokens": 200},
+        "tables": [{"title": "A table", "columns": ["a", "b|c"], "rows": [["1", "2"]]}],
+        "targets": [{"name": "a target", "target": "<= 5 ms", "measured": "3 ms", "met": True}],
+        "notes": ["a note"],
+        "metrics": {},
+        "seconds": 1.5,
+        **extra,
+    }
+
+
+def test_the_report_keeps_the_hand_written_analysis(tmp_path):
+    out = tmp_path / "performance.md"
+    reports = [
+        _report("broker_overhead"),
+        {
+            "script": "dispatch_latency",
+            "failed": True,
+            "returncode": 1,
+            "tail": ["Traceback", "boom"],
+            "seconds": 2,
+        },
+    ]
+    from datetime import datetime, timezone
+
+    generated = run_all.render(reports, command="make bench", tiny=False, started=datetime.now(timezone.utc))
+    run_all.write(out, generated)
+    text = out.read_text()
+    assert text.startswith("# Performance")
+    assert "| a target | <= 5 ms | 3 ms | met |" in text
+    assert "| a | b\\|c |" in text
+    assert "dispatch_latency: did not complete" in text and "boom" in text
+    assert "cores" in text and "make bench" in text
+    # A hand-written analysis after the generated part survives the next run.
+    out.write_text(text.replace("(Written by hand", "Our analysis: the broker is cheap.\n(Written by hand"))
+    run_all.write(
+        out,
+        run_all.render(
+            [_report("relay_efficiency")], command="x", tiny=True, started=datetime.now(timezone.utc)
+        ),
+    )
+    text = out.read_text()
+    assert "Our analysis: the broker is cheap." in text
+    assert "Title of relay_efficiency" in text and "Title of broker_overhead" not in text
+    assert text.count(run_all.BEGIN) == 1 and text.count(run_all.END) == 1
+
+
+def test_the_peer_summary_compares_with_litellm():
+    metrics = {
+        "10_direct": {"tokens_per_s": 10_000.0, "added_ttft_p50": None},
+        "10_LiteLLM": {"tokens_per_s": 1000.0, "added_ttft_p50": 0.012},
+        "10_ours": {"tokens_per_s": 2000.0, "added_ttft_p50": 0.004},
+    }
+    summary = run_all._peer_summary([_report("litellm_compare", metrics=metrics)])
+    assert "2.00x LiteLLM's" in summary and "4.0 ms against its 12.0 ms" in summary
+
+
+@pytest.mark.parametrize(
+    ("path", "package"),
+    [
+        ("sqlalchemy/orm/session.py", "sqlalchemy"),
+        ("<frozen runpy>", "runpy"),
+        ("asyncio/runners.py", "asyncio"),
+        ("oasst_inference_server/worker_connection.py", "oasst_inference_server"),
+        ("/x/.venv/lib/python3.11/site-packages/redis/asyncio/client.py", "redis"),
+        ("/usr/lib/python3.11/json/encoder.py", "json"),
+    ],
+)
+def test_profile_frames_are_grouped_by_package(path, package):
+    assert profile_hot_path.package_of(path) == package
+
+
+def test_profile_analysis_counts_own_and_inclusive_time():
+    raw = "\n".join(
+        [
+            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/worker_connection.py:140);xadd (redis/commands/core.py:10) 6",
+            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/worker_connection.py:140) 2",
+            "main (oasst_inference_server/__main__.py:1);dumps (json/__init__.py:200) 2",
+            "garbage line",
+        ]
+    )
+    result = profile_hot_path.analyse(raw)
+    assert result.samples == 10
+    assert result.packages["redis"] == 6 and result.packages["json"] == 2
+    assert result.own["xadd (redis/commands/core.py)"] == 6
+    assert result.inclusive["_receive (oasst_inference_server/worker_connection.py)"] == 8
+    assert result.inclusive["main (oasst_inference_server/__main__.py)"] == 10

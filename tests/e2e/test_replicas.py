@@ -1,0 +1,125 @@
+"""Several server replicas share one Postgres and one Redis: a worker connected to one replica serves
+a client of another, with the real CPU backend.
+
+Both replicas start at the same moment on an empty database, so this also checks that concurrent
+start-up migrations take turns. The worker signs in with a key created through the admin API of the
+other replica (a key from the database, not from settings).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import redis
+
+from conftest import (
+    MODEL_NAME,
+    POSTGRES_ADMIN_DSN,
+    REDIS_URL,
+    Backend,
+    ManagedProcess,
+    _admin,
+    free_port,
+    server_env,
+    start_process,
+    wait_for_model,
+    wait_http_ok,
+)
+from tests.e2e.chat_api import ChatApi, tokens_text
+
+pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
+
+ADMIN_TOKEN = "replica-test-admin-token-0123456789abcdef"
+GREEDY = {"do_sample": False, "max_new_tokens": 16}
+
+
+@pytest.fixture
+def shared_database() -> Iterator[str]:
+    name = f"oasst_replicas_{uuid.uuid4().hex[:10]}"
+    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+    base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0]
+    yield f"{base}/{name}"
+    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+@pytest.fixture
+def shared_prefix() -> Iterator[str]:
+    prefix = f"test:replicas:{uuid.uuid4().hex[:10]}:"
+    yield prefix
+    client = redis.Redis.from_url(REDIS_URL)
+    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+    if keys:
+        client.delete(*keys)
+    client.close()
+
+
+@pytest.fixture
+def replicas(shared_database, shared_prefix, tmp_path) -> Iterator[list[str]]:
+    processes: list[ManagedProcess] = []
+    urls = []
+    try:
+        for index in range(2):
+            port = free_port()
+            env = server_env(
+                port,
+                shared_database,
+                REDIS_URL,
+                OASST_SERVER_REDIS_KEY_PREFIX=shared_prefix,
+                OASST_SERVER_ADMIN_ROOT_TOKEN=ADMIN_TOKEN,
+                OASST_SERVER_API_ROOT=f"http://127.0.0.1:{port}",
+            )
+            processes.append(start_process(f"replica{index}", "oasst_inference_server", env, tmp_path))
+            urls.append(f"http://127.0.0.1:{port}")
+        for url, process in zip(urls, processes, strict=True):
+            wait_http_ok(f"{url}/health", process, timeout=90)
+        yield urls
+    finally:
+        for process in processes:
+            process.stop()
+
+
+def test_a_worker_on_one_replica_serves_a_client_of_another(replicas, cpu_backend: Backend, tmp_path):
+    first, second = replicas
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    created = httpx.post(f"{second}/admin/workers", json={"name": "replica-test-worker"}, headers=admin)
+    assert created.status_code == 201, created.text
+    worker_key = created.json()["api_key"]
+
+    worker = start_process(
+        "worker",
+        "oasst_worker",
+        {
+            "OASST_WORKER_SERVER_URL": first.replace("http://", "ws://", 1),
+            "OASST_WORKER_API_KEY": worker_key,
+            "OASST_WORKER_BACKEND_URL": cpu_backend.url,
+        },
+        tmp_path,
+    )
+    try:
+        # The worker's session, published by the first replica, is visible to the second.
+        wait_for_model(second, MODEL_NAME, timeout=90)
+        sessions = httpx.get(f"{second}/admin/worker_sessions", headers=admin).json()
+        assert [s["worker_name"] for s in sessions] == ["replica-test-worker"]
+        assert sessions[0]["max_parallel_requests"] >= 1
+
+        api = ChatApi(second, f"replica-user-{uuid.uuid4().hex[:6]}")
+        chat_id = api.create_chat()
+        message_id, events = api.ask(chat_id, "Say hello.", MODEL_NAME, **GREEDY)
+        kinds = [e.data["event_type"] for e in events]
+        assert kinds[-1] == "message" and "error" not in kinds and "token" in kinds
+        final = events[-1].data["message"]
+        assert final["state"] == "complete" and final["content"] == tokens_text(events) and final["content"]
+        assert 1 <= final["generated_tokens"] <= GREEDY["max_new_tokens"]
+
+        # The first replica serves the same chat and the finished message to the same user.
+        other = httpx.Client(base_url=first, headers={"Authorization": f"Bearer {api.token}"}, timeout=30)
+        assert other.get(f"/chats/{chat_id}/messages/{message_id}").json()["content"] == final["content"]
+        assert [c["id"] for c in other.get("/chats").json()["chats"]] == [chat_id]
+    finally:
+        worker.stop()
+        if worker.alive():
+            worker.kill()
