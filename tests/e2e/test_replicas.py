@@ -119,6 +119,13 @@ def test_a_worker_on_one_replica_serves_a_client_of_another(replicas, cpu_backen
         other = httpx.Client(base_url=first, headers={"Authorization": f"Bearer {api.token}"}, timeout=30)
         assert other.get(f"/chats/{chat_id}/messages/{message_id}").json()["content"] == final["content"]
         assert [c["id"] for c in other.get("/chats").json()["chats"]] == [chat_id]
+
+        # Deleting the worker on the second replica closes its socket on the first, and its key is
+        # refused from then on: the worker exits with the "operator must act" code.
+        deleted = httpx.delete(f"{second}/admin/workers/{created.json()['id']}", headers=admin)
+        assert deleted.status_code == 204
+        assert worker.proc.wait(timeout=60) == 2
+        assert "refused the worker API key" in worker.log_tail()
     finally:
         worker.stop()
         if worker.alive():

@@ -32,6 +32,7 @@ from oasst_inference_server.worker_registry import WorkerRegistry
 from oasst_shared.protocol import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY_VIOLATION,
+    CLOSE_UNAUTHORIZED,
     Cancel,
     Drain,
     Embeddings,
@@ -46,6 +47,9 @@ from oasst_shared.protocol import (
     parse_server_frame,
     parse_worker_frame,
 )
+
+# Published on a session's command channel to close that socket from any replica (key revoked).
+DISCONNECT_COMMAND = '{"type":"disconnect"}'
 
 
 class _ConnectionClosed(Exception):
@@ -227,6 +231,8 @@ class WorkerConnection:
             events.worker_command_channel(self.session_id)
         ) as commands:
             async for data in commands:
+                if data == DISCONNECT_COMMAND:
+                    raise _ConnectionClosed(CLOSE_UNAUTHORIZED, "the worker's API key was revoked")
                 try:
                     frame = parse_server_frame(data)
                 except ProtocolError:

@@ -15,9 +15,11 @@ from sqlalchemy import delete, func, select
 from oasst_inference_server.accounts import delete_account
 from oasst_inference_server.deps import BrokerDep, SessionDep, SettingsDep
 from oasst_inference_server.errors import ApiError, not_found
+from oasst_inference_server.events import worker_command_channel
 from oasst_inference_server.models import DbChat, DbUser, DbWorker, DbWorkerEvent
 from oasst_inference_server.routes.responses import ADMIN, Responses, error
 from oasst_inference_server.tokens import revoke_user_tokens
+from oasst_inference_server.worker_connection import DISCONNECT_COMMAND
 from oasst_inference_server.worker_keys import new_worker_key
 from oasst_shared.schemas import (
     AdminUserRead,
@@ -113,13 +115,18 @@ async def replace_worker_key(worker_id: str, session: SessionDep) -> WorkerCreat
 
 
 @router.delete("/workers/{worker_id}", status_code=204, responses=_WORKER)
-async def delete_worker(worker_id: str, session: SessionDep) -> Response:
-    """Delete the worker and its key (its connection history is kept). Connected sockets of it keep
-    running until they disconnect; they cannot reconnect."""
+async def delete_worker(worker_id: str, session: SessionDep, broker: BrokerDep) -> Response:
+    """Delete the worker and its key (its connection history is kept). Its open sockets, on any
+    replica, are closed (their messages are retried elsewhere) and it cannot reconnect."""
+    # Find its sockets first: deleting the worker also deletes its connection events.
+    live = await _session_workers(session, [r.session_id for r in await broker.list_worker_sessions()])
     result = await session.execute(delete(DbWorker).where(DbWorker.id == worker_id))
     await session.commit()
     if result.rowcount != 1:
         raise not_found("worker")
+    for session_id, owner in live.items():
+        if owner == worker_id:
+            await broker.publish_command(worker_command_channel(session_id), DISCONNECT_COMMAND)
     return Response(status_code=204)
 
 
