@@ -43,6 +43,25 @@ def _wait_http(url: str, proc: subprocess.Popen[bytes], timeout: float) -> bool:
     return False
 
 
+def _demo_api_key(server_url: str, username: str = "demo") -> str | None:
+    """An OpenAI API key for the demo user, so the SDK works at once (development only)."""
+    import json
+
+    try:
+        with urllib.request.urlopen(f"{server_url}/auth/callback/debug?code={username}", timeout=5) as r:
+            token = json.load(r)["access_token"]["access_token"]
+        request = urllib.request.Request(
+            f"{server_url}/api_keys",
+            data=json.dumps({"name": "make up"}).encode(),
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=5) as r:
+            return str(json.load(r)["key"])
+    except (urllib.error.URLError, OSError, KeyError, ValueError):
+        return None
+
+
 def _relay(name: str, proc: subprocess.Popen[bytes]) -> None:
     colour = COLOURS.get(name, "") if sys.stdout.isatty() else ""
     reset = RESET if colour else ""
@@ -149,12 +168,16 @@ def main() -> int:
             except (urllib.error.URLError, OSError):
                 pass
             time.sleep(0.3)
+        api_key = _demo_api_key(server_url)
         bold, reset = ("\033[1m", RESET) if sys.stdout.isatty() else ("", "")
         print(
             f"\n{bold}The stack is up.{reset}\n"
             f"  Web chat:        {server_url}/\n"
             f"  REST API docs:   {server_url}/docs\n"
-            f"  OpenAI base URL: {server_url}/v1   (an API key from POST /api_keys, or a login token)\n"
+            f"  OpenAI base URL: {server_url}/v1\n"
+            f"  OpenAI API key:  {api_key or 'create one with POST /api_keys (docs/openai-api.md)'}"
+            f"   (user 'demo')\n"
+            f"  Model:           SmolLM2-135M-Instruct\n"
             f"  Text client:     .venv/bin/oasst-chat --server-url {server_url}\n"
             f"  Backend (TGI):   {backend_url}\n"
             f"Press Ctrl-C to stop.\n",
