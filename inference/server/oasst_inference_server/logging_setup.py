@@ -20,8 +20,14 @@ class _InterceptHandler(logging.Handler):
 def configure_logging(level: str = "INFO") -> None:
     logger.remove()
     logger.add(sys.stderr, level=level.upper(), enqueue=False, backtrace=False, diagnose=False)
-    logging.basicConfig(handlers=[_InterceptHandler()], level=0, force=True)
+    # The standard loggers get the same level as loguru: below INFO, uvicorn wraps the app in its
+    # TRACE message logger, which formats every ASGI message (a fifth of the relay's CPU).
+    std_level = logging.getLevelName(level.upper())
+    if not isinstance(std_level, int):
+        std_level = logging.INFO
+    logging.basicConfig(handlers=[_InterceptHandler()], level=std_level, force=True)
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         logging.getLogger(name).handlers = [_InterceptHandler()]
         logging.getLogger(name).propagate = False
+        logging.getLogger(name).setLevel(std_level)
     logging.getLogger("uvicorn.access").setLevel(logging.WARNING)
