@@ -51,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             key_prefix=settings.redis_key_prefix,
             stream_ttl=settings.stream_ttl_seconds,
             stream_maxlen=settings.stream_maxlen,
+            max_connections=settings.redis_max_connections,
         )
         await broker.start()
         session_factory = db.make_session_factory(engine)

@@ -26,6 +26,11 @@ class Settings(BaseSettings):
     # None or "memory://" runs the in-process broker (a single server process only).
     broker_url: str | None = None
     redis_key_prefix: str = "oasst:"
+    redis_max_connections: int = Field(
+        default=4096,
+        ge=16,
+        description="Redis connection pool size: every streaming reader and worker holds one while it waits",
+    )
     stream_ttl_seconds: float = Field(default=600.0, gt=0, description="Kept after a message ends")
     stream_maxlen: int = Field(default=20_000, ge=100)
 

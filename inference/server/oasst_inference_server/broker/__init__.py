@@ -18,6 +18,7 @@ def create_broker(
     key_prefix: str = "oasst:",
     stream_ttl: float = 600.0,
     stream_maxlen: int = 10000,
+    max_connections: int = 512,
 ) -> Broker:
     """The broker a URL names: None or ``memory://`` -> in-process; ``redis://``, ``rediss://``,
     ``unix://`` -> Redis. The caller still has to ``await broker.start()``."""
@@ -26,7 +27,11 @@ def create_broker(
     scheme = urlsplit(url.strip()).scheme.lower()
     if scheme in _REDIS_SCHEMES:
         return RedisBroker(
-            url.strip(), key_prefix=key_prefix, stream_ttl=stream_ttl, stream_maxlen=stream_maxlen
+            url.strip(),
+            key_prefix=key_prefix,
+            stream_ttl=stream_ttl,
+            stream_maxlen=stream_maxlen,
+            max_connections=max_connections,
         )
     raise ValueError(
         f"unsupported broker URL scheme {scheme!r}: use memory:// or one of "
