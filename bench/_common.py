@@ -515,6 +515,7 @@ class StreamResult:
     generated_tokens: int | None = None
     final: dict[str, Any] | None = None
     message_id: str | None = None
+    retries: int = 0
 
     @property
     def ttft(self) -> float | None:
@@ -629,7 +630,10 @@ class OurApi:
                 event = json.loads(data)
                 kind = event.get("event_type")
                 if kind == "retry":
+                    # Another worker starts over: the tokens so far are void (the first one was still seen).
                     parts.clear()
+                    result.tokens = 0
+                    result.retries += 1
                 elif kind in ("message", "error"):
                     result.ended = time.perf_counter()
                     result.final = event

@@ -88,7 +88,7 @@ async def run(args: argparse.Namespace) -> Report:
                 "server CPU %",
                 "worker CPU %",
                 "server peak RSS MiB",
-                "errors",
+                "errors (ours)",
             ],
         )
         async with http_client(top) as client:
@@ -112,6 +112,7 @@ async def run(args: argparse.Namespace) -> Report:
                 worker_cpu = sum(cpu_seconds(w.proc.pid) for w in worker_procs) - wcpu0
                 ours = summarize(results)
                 wrong = sum(1 for r in results if r.ok and r.tokens != tokens)
+                retried = sum(1 for r in results if r.retries)
                 added50 = diff(ours.ttft_p(50), direct.ttft_p(50))
                 added99 = diff(ours.ttft_p(99), direct.ttft_p(99))
                 peak = peak_rss_mb(server.pid)
@@ -134,8 +135,9 @@ async def run(args: argparse.Namespace) -> Report:
                         num(100 * worker_cpu / wall),
                         num(peak),
                         ours.error_cell
-                        if not (direct.errors or wrong)
-                        else f"{ours.error_cell} + {direct.errors + wrong}",
+                        + (f"; direct {direct.errors}" if direct.errors else "")
+                        + (f"; {wrong} incomplete" if wrong else "")
+                        + (f"; {retried} retried" if retried else ""),
                     ]
                 )
                 report.metrics[str(level)] = {
@@ -157,8 +159,19 @@ async def run(args: argparse.Namespace) -> Report:
                     "errors": ours.errors + direct.errors,
                     "refused": ours.rejected,
                     "wrong_token_counts": wrong,
+                    "retried": retried,
                     "first_error": ours.first_error or direct.first_error,
                 }
+                if retried:
+                    report.notes.append(
+                        f"{level} streams: {retried} of our streams were retried on another worker (a 'retry' event)"
+                    )
+                for path, summary in (("direct", direct), ("ours", ours)):
+                    if summary.errors:
+                        report.notes.append(
+                            f"{level} streams, {path}: {summary.errors} of {summary.requests} failed; "
+                            f"the first: {(summary.first_error or '')[:300]}"
+                        )
                 print(f"level {level}: done ({ours.errors} errors)", flush=True)
     report.tables.append(table)
     _targets(report, levels)

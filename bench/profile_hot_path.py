@@ -41,19 +41,50 @@ from _common import (
 )
 
 PROMPT = "Profile me."
-# Libraries and layers the relay goes through: a sample counts for each whose frames are on its stack.
+# Each sample is charged to the layer of the innermost frame that belongs to one of these packages
+# (asyncio's own frames are skipped: a socket write is charged to whoever asked for it).
 LAYERS = {
-    "redis-py (commands, pool, parser, socket writes)": ("(redis/",),
-    "sse-starlette (event encoding and sending)": ("(sse_starlette/",),
-    "uvicorn HTTP protocol (httptools)": ("httptools_impl",),
-    "websockets (worker socket frames)": ("(websockets/",),
-    "SQL (SQLAlchemy + asyncpg / aiosqlite)": ("(sqlalchemy/", "(asyncpg/", "(aiosqlite/"),
-    "logging (stdlib, loguru, uvicorn's TRACE message logger)": ("(logging/", "(loguru/", "message_logger"),
-    "pydantic (validation, serialisation)": ("(pydantic/", "(pydantic_core/"),
-    "aiohttp + text_generation (backend stream)": ("(aiohttp/", "(text_generation/"),
-    "asyncio.wait_for (a task and a timer per call)": ("wait_for (asyncio/",),
-    "json": ("(json/",),
+    "redis": "redis-py (commands, pool, parser)",
+    "sse_starlette": "sse-starlette (event encoding)",
+    "uvicorn": "uvicorn (HTTP and websocket protocols)",
+    "starlette": "starlette / FastAPI (routing, middleware, dependencies)",
+    "fastapi": "starlette / FastAPI (routing, middleware, dependencies)",
+    "websockets": "websockets (frames)",
+    "sqlalchemy": "SQL (SQLAlchemy, asyncpg, aiosqlite)",
+    "sqlmodel": "SQL (SQLAlchemy, asyncpg, aiosqlite)",
+    "asyncpg": "SQL (SQLAlchemy, asyncpg, aiosqlite)",
+    "aiosqlite": "SQL (SQLAlchemy, asyncpg, aiosqlite)",
+    "logging": "logging (stdlib, loguru, uvicorn's TRACE message logger)",
+    "loguru": "logging (stdlib, loguru, uvicorn's TRACE message logger)",
+    "pydantic": "pydantic",
+    "pydantic_core": "pydantic",
+    "aiohttp": "aiohttp + text_generation (backend client)",
+    "text_generation": "aiohttp + text_generation (backend client)",
+    "httpx": "httpx / httpcore",
+    "httpcore": "httpx / httpcore",
+    "json": "json",
+    "jwt": "auth (JWT)",
+    "oasst_inference_server": "the project's own code",
+    "oasst_worker": "the project's own code",
+    "oasst_shared": "the project's own code",
 }
+EVENT_LOOP = "event loop and asyncio internals"
+
+
+def layer_of(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        match = _FRAME.match(frame)
+        if not match:
+            continue
+        file = match.group("file")
+        if "message_logger" in file:
+            return LAYERS["logging"]
+        layer = LAYERS.get(package_of(file))
+        if layer is not None and "__main__" not in file:
+            return layer
+    return EVENT_LOOP
+
+
 NO_PROJECT_FRAME = "(no project frame: event loop, uvicorn, starlette internals)"
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 
@@ -121,9 +152,7 @@ def analyse(raw: str) -> Profile:
         profile.packages[package_of(leaf.group("file"))] += count
         for name in {short_frame(f) for f in frames}:
             profile.inclusive[name] += count
-        for layer, needles in LAYERS.items():
-            if any(needle in stack for needle in needles):
-                profile.layers[layer] += count
+        profile.layers[layer_of(frames)] += count
         own_code = [f for f in frames if "(oasst_" in f and "__main__" not in f]
         profile.nearest[short_frame(own_code[-1]) if own_code else NO_PROJECT_FRAME] += count
     return profile
@@ -235,7 +264,7 @@ async def run(args: argparse.Namespace) -> Report:
             label = f"{name} ({total} busy samples, {num(tokens_per_cpu)} tokens per CPU-second)"
             report.tables.append(
                 _share_table(
-                    f"{label}: CPU by layer (a sample counts for every layer on its stack)",
+                    f"{label}: CPU by layer (the innermost known library on each sample's stack)",
                     result.layers,
                     total,
                     12,

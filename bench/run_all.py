@@ -7,7 +7,10 @@ kept from run to run.
 
     python bench/run_all.py                     # everything, full size (about half an hour on 2 cores)
     python bench/run_all.py --tiny              # everything in tiny mode, written to a file under /tmp
-    python bench/run_all.py --only broker_overhead,dispatch_latency
+    python bench/run_all.py --only broker_overhead,dispatch_latency   # re-measure two, keep the rest
+
+Every run stores its reports in bench/results/last-run.json; a partial run (--only, --skip) re-renders the
+file from the fresh reports and the stored ones of the scripts it did not run.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ def run_script(name: str, tiny: bool, timeout: float, extra: list[str]) -> dict[
             return json.loads(out.read_text())
         return {
             "script": name,
+            "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "machine": machine_info(),
             "failed": True,
             "returncode": proc.returncode,
             "tail": list(tail),
@@ -91,9 +96,9 @@ def render(reports: list[dict[str, Any]], *, command: str, tiny: bool, started: 
     parts = [
         BEGIN,
         "",
-        f"Measured {started.strftime('%Y-%m-%d %H:%M UTC')} with `{command}`"
+        f"Written {started.strftime('%Y-%m-%d %H:%M UTC')} by `{command}`"
         + (" in **tiny mode** (CI sizes: these numbers only show the scripts work)" if tiny else "")
-        + f", commit `{machine['commit']}`.",
+        + f", commit `{machine['commit']}`; each section says when it was measured.",
         "",
         f"Machine: {machine['nproc']} cores ({machine['cpu_model']}), {machine['memory_gib']} GiB memory, "
         f"Linux {machine['kernel']}, Python {machine['python']}"
@@ -140,7 +145,13 @@ def render(reports: list[dict[str, Any]], *, command: str, tiny: bool, started: 
             continue
         cmd = f"python bench/{report['script']}.py" + (" --tiny" if report.get("tiny") else "")
         params = ", ".join(f"{k} {_fmt_param(v)}" for k, v in report.get("params", {}).items())
-        parts += [f"## {report['title']}", "", f"`{cmd}` ({report.get('seconds', '?')} s): {params}.", ""]
+        when = f"measured {report.get('started_at', '?')} at commit `{report.get('machine', {}).get('commit', '?')}`"
+        parts += [
+            f"## {report['title']}",
+            "",
+            f"`{cmd}`, {when}, {report.get('seconds', '?')} s: {params}.",
+            "",
+        ]
         for table in report.get("tables", []):
             parts += [f"**{table['title']}**", "", md_table(table["columns"], table["rows"]), ""]
         for note in report.get("notes", []):
@@ -180,6 +191,18 @@ def _peer_summary(reports: list[dict[str, Any]]) -> str:
     return text + "."
 
 
+def merge(results: Path, fresh: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The fresh reports, plus the stored reports of the scripts that did not run this time."""
+    stored: dict[str, dict[str, Any]] = {}
+    if results.exists():
+        try:
+            stored = {r["script"]: r for r in json.loads(results.read_text())}
+        except (ValueError, KeyError, TypeError):
+            stored = {}
+    stored.update({r["script"]: r for r in fresh})
+    return [stored[name] for name in SCRIPTS if name in stored]
+
+
 def write(out: Path, generated: str) -> None:
     kept = DEFAULT_ANALYSIS
     header = (
@@ -201,6 +224,11 @@ def main() -> None:
     p.add_argument("--only", help="comma-separated script names")
     p.add_argument("--skip", help="comma-separated script names")
     p.add_argument("--timeout", type=float, default=3600, help="seconds per script")
+    p.add_argument(
+        "--results",
+        type=Path,
+        help="the reports as JSON, merged across partial runs (default bench/results/last-run.json; tiny: /tmp)",
+    )
     args = p.parse_args()
     names = args.only.split(",") if args.only else list(SCRIPTS)
     unknown = set(names) - set(SCRIPTS)
@@ -216,9 +244,17 @@ def main() -> None:
     started = datetime.now(timezone.utc)
     given = " ".join(sys.argv[1:])
     command = f"python bench/run_all.py {given}" if given else "make bench"
-    reports = [run_script(name, args.tiny, args.timeout, []) for name in names]
+    results = args.results or (
+        Path(tempfile.gettempdir()) / "oasst-bench-tiny-results.json"
+        if args.tiny
+        else ROOT / "bench" / "results" / "last-run.json"
+    )
+    fresh = [run_script(name, args.tiny, args.timeout, []) for name in names]
+    reports = merge(results, fresh) if names != SCRIPTS else fresh
+    results.parent.mkdir(parents=True, exist_ok=True)
+    results.write_text(json.dumps(reports, indent=1, default=str))
     write(out, render(reports, command=command, tiny=args.tiny, started=started))
-    failed = [r["script"] for r in reports if r.get("failed")]
+    failed = [r["script"] for r in fresh if r.get("failed")]
     print(f"\nwrote {out}" + (f"; failed: {', '.join(failed)}" if failed else ""))
     sys.exit(1 if failed else 0)
 

@@ -239,6 +239,11 @@ async def run(args: argparse.Namespace) -> Report:
                         row, metrics = await _summarize(name, users, path, logs, wall, server.database_url)
                         table.rows.append(row)
                         report.metrics[f"{name}_{users}_{path}"] = metrics
+                        if metrics["errors"]:
+                            report.notes.append(
+                                f"{name} backend, {users} users, {path}: {metrics['errors']} failed turns; "
+                                f"the first: {str(metrics['first_error'])[:300]}"
+                            )
                         print(f"{name} backend, {users} users, {path}: done", flush=True)
     report.tables.append(table)
     report.notes.append(

@@ -132,3 +132,29 @@ def test_profile_analysis_counts_own_and_inclusive_time():
     assert result.own["xadd (redis/commands/core.py)"] == 6
     assert result.inclusive["_receive (oasst_inference_server/worker_connection.py)"] == 8
     assert result.inclusive["main (oasst_inference_server/__main__.py)"] == 10
+
+
+def test_a_partial_run_keeps_the_stored_reports_of_the_others(tmp_path):
+    results = tmp_path / "last-run.json"
+    import json
+
+    results.write_text(json.dumps([_report("relay_efficiency"), _report("broker_overhead", seconds=9)]))
+    merged = run_all.merge(results, [_report("broker_overhead", seconds=1), _report("dispatch_latency")])
+    assert [r["script"] for r in merged] == ["relay_efficiency", "broker_overhead", "dispatch_latency"]
+    assert merged[1]["seconds"] == 1
+
+
+def test_profile_samples_are_charged_to_the_innermost_known_layer():
+    raw = "\n".join(
+        [
+            "run (uvicorn/main.py:1);publish (oasst_inference_server/broker/redis.py:5);"
+            "execute_command (redis/asyncio/client.py:9);writelines (asyncio/streams.py:3) 4",
+            "run (uvicorn/main.py:1);inner_send (uvicorn/middleware/message_logger.py:60);"
+            "log (logging/__init__.py:1) 2",
+            "Runner.run (asyncio/runners.py:86) 3",
+        ]
+    )
+    layers = profile_hot_path.analyse(raw).layers
+    assert layers[profile_hot_path.LAYERS["redis"]] == 4
+    assert layers[profile_hot_path.LAYERS["logging"]] == 2
+    assert layers[profile_hot_path.EVENT_LOOP] == 3
