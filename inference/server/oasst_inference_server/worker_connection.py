@@ -143,6 +143,8 @@ class WorkerConnection:
     async def _receive(self) -> None:
         while True:
             text = await self.websocket.receive_text()
+            # Any frame proves the worker alive: under load its pongs queue behind token frames.
+            self._last_pong = time.monotonic()
             try:
                 frame = parse_worker_frame(text)
             except ProtocolError as exc:
