@@ -7,6 +7,8 @@ Redis key prefix is created for the run and removed afterwards.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextlib
 import os
 import signal
 import socket
@@ -115,14 +117,40 @@ async def _admin(sql: str) -> None:
         await conn.close()
 
 
+def admin_sql(sql: str) -> None:
+    # In a thread of its own, so callers that run inside an event loop (benchmarks) can use it too.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, _admin(sql)).result()
+
+
+def create_database(prefix: str = "oasst_test") -> str:
+    """Create an empty Postgres database and return its asyncpg URL (drop it with drop_database)."""
+    name = f"{prefix}_{uuid.uuid4().hex[:10]}"
+    admin_sql(f'CREATE DATABASE "{name}"')
+    base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0]
+    return f"{base}/{name}".replace("postgresql://", "postgresql+asyncpg://", 1)
+
+
+def drop_database(url: str) -> None:
+    name = url.rsplit("/", 1)[1]
+    admin_sql(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def fresh_database(prefix: str = "oasst_test") -> Iterator[str]:
+    """An empty Postgres database for the ``with`` block, dropped afterwards."""
+    url = create_database(prefix)
+    try:
+        yield url
+    finally:
+        drop_database(url)
+
+
 @pytest.fixture(scope="session")
 def postgres_url() -> Iterator[str]:
     """A fresh Postgres database for this test session, dropped at the end."""
-    name = f"oasst_test_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0]
-    yield f"{base}/{name}".replace("postgresql://", "postgresql+asyncpg://", 1)
-    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -37,10 +37,11 @@ if str(ROOT) not in sys.path:
 
 from conftest import (  # noqa: E402 - the repository root must be on sys.path first
     MODEL_NAME,
-    POSTGRES_ADMIN_DSN,
     REDIS_URL,
     WORKER_API_KEY,
     ManagedProcess,
+    create_database,
+    drop_database,
     free_port,
     wait_http_ok,
 )
@@ -281,11 +282,9 @@ class BenchRun:
         """A fresh database URL: SQLite in embedded mode, else a Postgres database dropped at the end."""
         if self.embedded:
             return f"sqlite+aiosqlite:///{self.log_dir}/oasst-{uuid.uuid4().hex[:6]}.db"
-        name = f"oasst_bench_{uuid.uuid4().hex[:10]}"
-        run_sync(_pg_admin(f'CREATE DATABASE "{name}"'))
-        self._cleanups.append(lambda: run_sync(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')))
-        base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0]
-        return f"{base}/{name}".replace("postgresql://", "postgresql+asyncpg://", 1)
+        url = create_database("oasst_bench")
+        self._cleanups.append(lambda: drop_database(url))
+        return url
 
     def redis_prefix(self) -> str | None:
         """A fresh Redis key prefix, all of whose keys are deleted at the end (None in embedded mode)."""
@@ -352,6 +351,19 @@ class BenchRun:
             env["OASST_WORKER_MODEL_CONFIG_NAME"] = model
         return self.spawn("worker", [sys.executable, "-m", "oasst_worker"], env)
 
+    def start_stack(
+        self, backend_url: str, *, model: str = INSTANT_MODEL, workers: int = 1, max_parallel: int = 2
+    ) -> tuple[Server, list[ManagedProcess]]:
+        """A server on a fresh database and key prefix, and ``workers`` workers of ``model`` on the backend,
+        all registered."""
+        server = self.start_server(self.database(), self.redis_prefix())
+        procs = [
+            self.start_worker(server.url, backend_url, model=model, max_parallel=max_parallel)
+            for _ in range(workers)
+        ]
+        wait_workers(server.url, model, workers)
+        return server, procs
+
 
 @dataclass
 class Server:
@@ -376,27 +388,6 @@ def instant_model_config(name: str = INSTANT_MODEL) -> Any:
         chat_template_source="backend",
         eos_token="<|im_end|>",
     )
-
-
-def run_sync(coro: Awaitable[Any]) -> Any:
-    """Run a coroutine to completion from sync code, even while an event loop runs in this thread."""
-    import concurrent.futures
-
-    async def wrapper() -> Any:
-        return await coro
-
-    with concurrent.futures.ThreadPoolExecutor(1) as pool:
-        return pool.submit(asyncio.run, wrapper()).result()
-
-
-async def _pg_admin(sql: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(POSTGRES_ADMIN_DSN)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
 
 
 def wait_workers(server_url: str, model: str, count: int, timeout: float = 60) -> None:
@@ -878,6 +869,13 @@ class Report:
     machine: dict[str, Any] = field(default_factory=machine_info)
     started_at: str = field(default_factory=lambda: datetime.now(timezone.utc).isoformat(timespec="seconds"))
     seconds: float = 0.0
+
+    def note_failures(self, label: str, summary: LoadSummary) -> None:
+        if summary.errors:
+            self.notes.append(
+                f"{label}: {summary.errors} of {summary.requests} failed; "
+                f"the first: {(summary.first_error or '')[:300]}"
+            )
 
     def emit(self, json_path: Path | None) -> None:
         print()

@@ -39,7 +39,6 @@ from _common import (
     rss_mb,
     stream_tgi,
     summarize,
-    wait_workers,
 )
 
 SLOTS_PER_WORKER = 250
@@ -61,12 +60,7 @@ async def run(args: argparse.Namespace) -> Report:
     slots = min(SLOTS_PER_WORKER, max(2, math.ceil(top / workers)))
     with BenchRun("broker", keep_logs=args.keep_logs, embedded=args.embedded) as bench:
         backend = bench.start_instant_backend()
-        server = bench.start_server(bench.database(), bench.redis_prefix())
-        worker_procs = [
-            bench.start_worker(server.url, backend, model=INSTANT_MODEL, max_parallel=slots)
-            for _ in range(workers)
-        ]
-        wait_workers(server.url, INSTANT_MODEL, workers)
+        server, worker_procs = bench.start_stack(backend, workers=workers, max_parallel=slots)
         report.params.update(
             workers=workers, slots_per_worker=slots, broker="in-process" if args.embedded else "redis"
         )
@@ -176,11 +170,7 @@ async def run(args: argparse.Namespace) -> Report:
                         f"{level} streams: {retried} of our streams were retried on another worker (a 'retry' event)"
                     )
                 for path, summary in (("direct", direct), ("ours", ours)):
-                    if summary.errors:
-                        report.notes.append(
-                            f"{level} streams, {path}: {summary.errors} of {summary.requests} failed; "
-                            f"the first: {(summary.first_error or '')[:300]}"
-                        )
+                    report.note_failures(f"{level} streams, {path}", summary)
                 print(f"level {level}: done ({ours.errors} errors)", flush=True)
     report.tables.append(table)
     _targets(report, levels)

@@ -51,7 +51,6 @@ from _common import (
     stream_openai,
     summarize,
     tree_pids,
-    wait_workers,
 )
 
 LITELLM_SPEC = "litellm[proxy]>=1.108,<1.109"
@@ -172,11 +171,7 @@ async def run(args: argparse.Namespace) -> Report:
             exe, version = ensure_litellm(args.litellm_venv)
             report.params["litellm_version"] = version
             litellm_url, litellm_pid = start_litellm(bench, exe, backend, master_key)
-        server = bench.start_server(bench.database(), bench.redis_prefix())
-        worker = bench.start_worker(
-            server.url, backend, model=INSTANT_MODEL, max_parallel=max(2, max(levels))
-        )
-        wait_workers(server.url, INSTANT_MODEL, 1)
+        server, (worker,) = bench.start_stack(backend, max_parallel=max(2, max(levels)))
         messages = [{"role": "user", "content": PROMPT}]
         async with http_client(max(levels)) as client:
             api = OurApi(client, server.url)

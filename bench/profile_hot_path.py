@@ -37,7 +37,6 @@ from _common import (
     num,
     parser,
     summarize,
-    wait_workers,
 )
 
 PROMPT = "Profile me."
@@ -182,11 +181,7 @@ async def run(args: argparse.Namespace) -> Report:
         return report
     with BenchRun("profile", keep_logs=args.keep_logs, embedded=args.embedded) as bench:
         backend = bench.start_instant_backend()
-        server = bench.start_server(bench.database(), bench.redis_prefix())
-        worker = bench.start_worker(
-            server.url, backend, model=INSTANT_MODEL, max_parallel=max(concurrency, 2)
-        )
-        wait_workers(server.url, INSTANT_MODEL, 1)
+        server, (worker,) = bench.start_stack(backend, max_parallel=max(concurrency, 2))
         targets = {"server": server.pid, "worker": worker.proc.pid}
         outputs = {name: bench.log_dir / f"py-spy-{name}.txt" for name in targets}
         async with http_client(concurrency) as client:

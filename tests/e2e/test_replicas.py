@@ -8,7 +8,6 @@ other replica (a key from the database, not from settings).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Iterator
 
@@ -18,12 +17,11 @@ import redis
 
 from conftest import (
     MODEL_NAME,
-    POSTGRES_ADMIN_DSN,
     REDIS_URL,
     Backend,
     ManagedProcess,
-    _admin,
     free_port,
+    fresh_database,
     server_env,
     start_process,
     wait_for_model,
@@ -39,11 +37,8 @@ GREEDY = {"do_sample": False, "max_new_tokens": 16}
 
 @pytest.fixture
 def shared_database() -> Iterator[str]:
-    name = f"oasst_replicas_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0]
-    yield f"{base}/{name}"
-    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    with fresh_database("oasst_replicas") as url:
+        yield url
 
 
 @pytest.fixture

@@ -6,7 +6,6 @@ temporary directory and free ports, so it touches nothing a developer runs.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import shutil
@@ -20,17 +19,11 @@ from pathlib import Path
 
 import pytest
 
+from conftest import POSTGRES_ADMIN_DSN, REDIS_URL, admin_sql, free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "full-dev-setup.sh"
-POSTGRES_ADMIN_DSN = os.environ.get("OASST_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_URL = os.environ.get("OASST_TEST_REDIS", "redis://127.0.0.1:6379/0")
 QUESTION = "What is the capital of France?"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def port_open(port: int) -> bool:
@@ -126,16 +119,6 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-async def _admin(sql: str) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(POSTGRES_ADMIN_DSN)
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
-
-
 @pytest.fixture
 def dev_session(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DevSession]:
     require_tmux()
@@ -167,7 +150,7 @@ def dev_session(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DevS
         if session.tmux("has-session", "-t", name).returncode == 0:
             session.script("stop", timeout=120)
         if mode == "local":
-            asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)'))
+            admin_sql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
             import redis
 
             client = redis.Redis.from_url(REDIS_URL)
@@ -231,8 +214,8 @@ def test_the_dev_session_comes_up_answers_in_the_chat_pane_and_stops_clean(dev_s
 
 def test_the_script_is_valid_bash_and_shellcheck_clean():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
-    if shutil.which("shellcheck") is None:
-        pytest.skip("shellcheck is not installed (apt-get install shellcheck); bash -n passed")
+    # make test installs shellcheck (scripts/ensure-system-packages.sh): missing means a broken setup.
+    assert shutil.which("shellcheck"), "shellcheck is not installed (apt-get install shellcheck)"
     result = subprocess.run(["shellcheck", str(SCRIPT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stdout
 

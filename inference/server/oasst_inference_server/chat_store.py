@@ -62,7 +62,6 @@ def to_chat_list_read(chat: DbChat) -> ChatListRead:
 def message_read(message: DbMessage, reports: list[str] | None = None) -> MessageRead:
     """The message with the owner's feedback on it (vote score and report types)."""
     read = to_message_read(message)
-    read.score = message.score
     read.reports = reports or []
     return read
 
@@ -93,10 +92,6 @@ async def chat_read(session: AsyncSession, chat: DbChat) -> ChatRead:
         **to_chat_list_read(chat).model_dump(),
         messages=[message_read(m, reports.get(m.id)) for m in messages],
     )
-
-
-def to_chat_read(chat: DbChat, messages: list[DbMessage]) -> ChatRead:
-    return ChatRead(**to_chat_list_read(chat).model_dump(), messages=[message_read(m) for m in messages])
 
 
 def title_from_prompt(content: str) -> str:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from datetime import datetime, timezone
 
 from loguru import logger
 
@@ -65,9 +64,7 @@ async def read_message_events(
             # The database is updated just before the terminal event is appended: give it a moment
             # to land, so the reader gets it with its id. Without a stream (expired), the
             # database has the final word.
-            recent = (
-                message.finished_at is None or (utcnow() - _aware(message.finished_at)).total_seconds() < 30
-            )
+            recent = message.finished_at is None or (utcnow() - message.finished_at).total_seconds() < 30
             grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
             while late := await _read_quietly(broker, stream, after, grace):
                 for entry in late:
@@ -80,10 +77,6 @@ async def read_message_events(
         if state == MessageState.pending:
             position, size = await lifecycle.queue_position(message)
             yield {"data": events.pending_event(position, size)}
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 async def _read_quietly(broker: Broker, stream: str, after: str | None, timeout: float) -> list[StreamEntry]:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from loguru import logger
-from sqlalchemy import func, select, update
+from sqlalchemy import case, func, select, update
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -36,6 +36,7 @@ def to_message_read(message: DbMessage) -> MessageRead:
         created_at=message.created_at,
         role=Role(message.role),
         state=MessageState(message.state),
+        score=message.score,
         model_config_name=message.model_config_name,
         sampling_parameters=(
             SamplingParameters.model_validate(message.sampling_parameters)
@@ -63,17 +64,16 @@ class MessageLifecycle:
 
     async def queue_position(self, message: DbMessage) -> tuple[int, int]:
         """(1-based position, queue size) among pending messages of the same model, from the database."""
+        pending = (DbMessage.state == MessageState.pending.value) & (
+            DbMessage.model_config_name == message.model_config_name
+        )
+        ahead = case((DbMessage.enqueued_at < message.enqueued_at, 1))
         async with self._sessions() as session:
-            pending = (DbMessage.state == MessageState.pending.value) & (
-                DbMessage.model_config_name == message.model_config_name
-            )
-            size = (await session.execute(select(func.count()).where(pending))).scalar_one()
-            ahead = (
-                await session.execute(
-                    select(func.count()).where(pending & (DbMessage.enqueued_at < message.enqueued_at))
-                )
-            ).scalar_one()
-        return int(ahead) + 1, int(size)
+            # One query for both numbers: every pending reader asks once per update interval.
+            size, ahead_count = (
+                await session.execute(select(func.count(), func.count(ahead)).where(pending))
+            ).one()
+        return int(ahead_count) + 1, int(size)
 
     # ------------------------------------------------------------ enqueue and claim
     async def enqueue(self, message: DbMessage) -> None:

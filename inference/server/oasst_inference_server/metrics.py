@@ -86,8 +86,6 @@ async def render(session_factory: async_sessionmaker[AsyncSession]) -> tuple[byt
     QUEUE_OLDEST_WAIT.clear()
     for model, count, oldest in rows:
         QUEUE_DEPTH.labels(model or "").set(count)
-        if oldest is not None:
-            if oldest.tzinfo is None:
-                oldest = oldest.replace(tzinfo=now.tzinfo)
+        if oldest is not None:  # the UTCDateTime column type returns aware datetimes
             QUEUE_OLDEST_WAIT.labels(model or "").set(max(0.0, (now - oldest).total_seconds()))
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -132,9 +132,7 @@ class OpenAIService:
             {"thread": [t.model_dump() for t in thread]},
             system_prompt=system_prompt,
         )
-        if self.settings.store_api_conversations:
-            await self._store_as_chat(session, caller, message, thread)
-        return await self._enqueue(session, message)
+        return await self._enqueue(session, message, thread)
 
     async def submit_completion(
         self,
@@ -145,9 +143,7 @@ class OpenAIService:
         prompt: str,
     ) -> DbMessage:
         message = self._new_message(caller, "completion", model, sampling, {"raw_prompt": prompt})
-        if self.settings.store_api_conversations:
-            await self._store_as_chat(session, caller, message, [ChatTurn(role="user", content=prompt)])
-        return await self._enqueue(session, message)
+        return await self._enqueue(session, message, [ChatTurn(role="user", content=prompt)])
 
     async def submit_embedding(
         self, session: AsyncSession, caller: Caller, model: LiveModel, inputs: list[str]
@@ -178,12 +174,11 @@ class OpenAIService:
             enqueued_at=utcnow(),
         )
 
-    async def _store_as_chat(
-        self, session: AsyncSession, caller: Caller, message: DbMessage, thread: list[ChatTurn]
-    ) -> None:
+    @staticmethod
+    def _store_as_chat(session: AsyncSession, message: DbMessage, thread: list[ChatTurn]) -> None:
         """Keep the conversation as a chat: its turns (user -> prompter), then the pending answer."""
         first_user = next((t.content for t in thread if t.role == "user"), "") or "API request"
-        chat = DbChat(user_id=caller.user.id, title=title_from_prompt(first_user))
+        chat = DbChat(user_id=message.user_id, title=title_from_prompt(first_user))
         session.add(chat)
         parent_id: str | None = None
         for turn in thread:
@@ -204,7 +199,12 @@ class OpenAIService:
         message.created_at = message.enqueued_at = utcnow()  # after its turns, in the chat's order
         chat.active_thread_tail_message_id = message.id
 
-    async def _enqueue(self, session: AsyncSession, message: DbMessage) -> DbMessage:
+    async def _enqueue(
+        self, session: AsyncSession, message: DbMessage, thread: list[ChatTurn] | None = None
+    ) -> DbMessage:
+        """Commit and queue the message; with ``store_api_conversations``, ``thread`` as its chat."""
+        if thread is not None and self.settings.store_api_conversations:
+            self._store_as_chat(session, message, thread)
         session.add(message)
         await session.commit()
         try:

@@ -54,12 +54,46 @@ def error_chunk(message: str, code: str, error_type: str = "server_error") -> st
     return sse(ErrorResponse(error=ErrorInfo(message=message, type=error_type, code=code)).model_dump())
 
 
+_SLOT = "\x00text\x00"  # stands for the text in a stream's text chunk template
+
+
+def _json_string(text: str) -> str:
+    return json.dumps(text, ensure_ascii=False)
+
+
 @dataclass
-class ChatChunks:
+class _Chunks:
+    """The chunks of one streamed answer. Text chunks differ only in their text, so one is rendered
+    with a placeholder and each token's text is put in its place (no models built per token)."""
+
     id: str
     created: int
     model: str
 
+    def __post_init__(self) -> None:
+        text_chunk = self._chunk([self._choice(_SLOT, None)])
+        self._text_head, _, self._text_tail = text_chunk.rpartition(_json_string(_SLOT))
+
+    def _chunk(self, choices: list[Any], usage: UsageInfo | None = None) -> str:
+        raise NotImplementedError
+
+    def _choice(self, text: str | None, reason: OpenAIFinishReason | None) -> Any:
+        raise NotImplementedError
+
+    def start(self) -> str | None:
+        return None
+
+    def text(self, text: str) -> str:
+        return f"{self._text_head}{_json_string(text)}{self._text_tail}"
+
+    def finish(self, reason: OpenAIFinishReason) -> str:
+        return self._chunk([self._choice(None, reason)])
+
+    def usage(self, usage: UsageInfo) -> str:
+        return self._chunk([], usage)
+
+
+class ChatChunks(_Chunks):
     def _chunk(self, choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
         chunk = ChatCompletionStreamResponse(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
@@ -68,25 +102,14 @@ class ChatChunks:
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
         return sse(chunk)
 
+    def _choice(self, text: str | None, reason: OpenAIFinishReason | None) -> ChatCompletionStreamChoice:
+        return ChatCompletionStreamChoice(delta=DeltaMessage(content=text), finish_reason=reason)
+
     def start(self) -> str | None:
         return self._chunk([ChatCompletionStreamChoice(delta=DeltaMessage(role="assistant", content=""))])
 
-    def text(self, text: str) -> str:
-        return self._chunk([ChatCompletionStreamChoice(delta=DeltaMessage(content=text))])
 
-    def finish(self, reason: OpenAIFinishReason) -> str:
-        return self._chunk([ChatCompletionStreamChoice(delta=DeltaMessage(), finish_reason=reason)])
-
-    def usage(self, usage: UsageInfo) -> str:
-        return self._chunk([], usage)
-
-
-@dataclass
-class CompletionChunks:
-    id: str
-    created: int
-    model: str
-
+class CompletionChunks(_Chunks):
     def _chunk(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> str:
         return sse(
             CompletionStreamResponse(
@@ -94,23 +117,14 @@ class CompletionChunks:
             ).model_dump(mode="json")
         )
 
-    def start(self) -> str | None:
-        return None
-
-    def text(self, text: str) -> str:
-        return self._chunk([CompletionChoice(text=text)])
-
-    def finish(self, reason: OpenAIFinishReason) -> str:
-        return self._chunk([CompletionChoice(text="", finish_reason=reason)])
-
-    def usage(self, usage: UsageInfo) -> str:
-        return self._chunk([], usage)
+    def _choice(self, text: str | None, reason: OpenAIFinishReason | None) -> CompletionChoice:
+        return CompletionChoice(text=text or "", finish_reason=reason)
 
 
 async def stream_answer(
     service: OpenAIService,
     message: DbMessage,
-    chunks: ChatChunks | CompletionChunks,
+    chunks: _Chunks,
     *,
     include_usage: bool,
     is_disconnected: IsDisconnected,

@@ -86,6 +86,8 @@ class WorkerConnection:
         self._last_pong = time.monotonic()
         self.connected_at = time.time()
         self._dispatched_at: dict[str, float] = {}
+        # Resolved once: labels() is a locked dict lookup, and this counter moves on every token.
+        self._tokens_relayed = metrics.TOKENS.labels(self.model_name)
         self._first_token_at: dict[str, float] = {}
 
     # ------------------------------------------------------------ public
@@ -277,7 +279,7 @@ class WorkerConnection:
         self._capacity_changed.set()
 
     def _count_token(self, message_id: str) -> None:
-        metrics.TOKENS.labels(self.model_name).inc()
+        self._tokens_relayed.inc()
         if message_id not in self._first_token_at:
             now = time.monotonic()
             self._first_token_at[message_id] = now

@@ -1,8 +1,5 @@
-"""Stop sequences that are held back: text is released only once it cannot be part of a stop sequence.
-
-A streaming client therefore never sees text that is later retracted, and the generated text ends right
-before the stop sequence (which is not included).
-"""
+"""Whole tokens held back while their text may belong to a stop sequence (the text rule itself is
+oasst_shared.stop_sequences.StopSequenceFilter, shared with the worker)."""
 
 from __future__ import annotations
 
@@ -11,51 +8,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
+from oasst_shared.stop_sequences import StopSequenceFilter
+
+__all__ = ["StopSequenceFilter", "TokenHoldback"]
+
 T = TypeVar("T")
-
-
-class StopSequenceFilter:
-    def __init__(self, stops: Sequence[str]) -> None:
-        self._stops = [s for s in stops if s]
-        self._held = ""
-        self.matched: str | None = None
-
-    @property
-    def held(self) -> str:
-        return self._held
-
-    def push(self, text: str) -> str:
-        """Add generated text; return the part that is now safe to release."""
-        if self.matched is not None:
-            return ""
-        buffer = self._held + text
-        first: tuple[int, str] | None = None
-        for stop in self._stops:
-            position = buffer.find(stop)
-            if position >= 0 and (first is None or position < first[0]):
-                first = (position, stop)
-        if first is not None:
-            self.matched = first[1]
-            self._held = ""
-            return buffer[: first[0]]
-        hold = self._longest_partial_match(buffer)
-        self._held = buffer[len(buffer) - hold :]
-        return buffer[: len(buffer) - hold]
-
-    def flush(self) -> str:
-        """Release whatever is held: the generation ended without completing a stop sequence."""
-        released, self._held = self._held, ""
-        return released
-
-    def _longest_partial_match(self, buffer: str) -> int:
-        """Length of the longest suffix of buffer that is a proper prefix of some stop sequence."""
-        best = 0
-        for stop in self._stops:
-            for length in range(min(len(stop) - 1, len(buffer)), best, -1):
-                if buffer.endswith(stop[:length]):
-                    best = length
-                    break
-        return best
 
 
 @dataclass

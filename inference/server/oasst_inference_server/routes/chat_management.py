@@ -102,6 +102,17 @@ async def delete_own_chat(request: Request, chat_id: str, user: CurrentUser, ses
     return Response(status_code=204)
 
 
+async def _own_answer(
+    session: SessionDep, user: CurrentUser, chat_id: str, message_id: str, action: str
+) -> tuple[DbChat, DbMessage]:
+    """The user's chat and one of its assistant messages (feedback is only for answers)."""
+    chat = await get_own_chat(session, user, chat_id)
+    message = await get_chat_message(session, chat, message_id)
+    if message.role != Role.assistant.value:
+        raise ApiError(400, "not_assistant_message", f"only assistant messages can be {action}")
+    return chat, message
+
+
 @router.post(
     "/{chat_id}/messages/{message_id}/votes",
     status_code=204,
@@ -111,10 +122,7 @@ async def vote(
     chat_id: str, message_id: str, body: VoteRequest, user: CurrentUser, session: SessionDep
 ) -> Response:
     """Rate an answer: 1 good, -1 bad, 0 clears the vote (shown as the message's ``score``)."""
-    chat = await get_own_chat(session, user, chat_id)
-    message = await get_chat_message(session, chat, message_id)
-    if message.role != Role.assistant.value:
-        raise ApiError(400, "not_assistant_message", "only assistant messages can be voted on")
+    _, message = await _own_answer(session, user, chat_id, message_id, "voted on")
     message.score = body.score
     session.add(message)
     await session.commit()
@@ -130,10 +138,7 @@ async def report(
     chat_id: str, message_id: str, body: ReportRequest, user: CurrentUser, session: SessionDep
 ) -> Response:
     """Report an answer as spam, offensive, or with feedback (listed in the message's ``reports``)."""
-    chat = await get_own_chat(session, user, chat_id)
-    message = await get_chat_message(session, chat, message_id)
-    if message.role != Role.assistant.value:
-        raise ApiError(400, "not_assistant_message", "only assistant messages can be reported")
+    _, message = await _own_answer(session, user, chat_id, message_id, "reported")
     session.add(
         DbReport(
             message_id=message.id, user_id=user.id, report_type=body.report_type.value, reason=body.reason
@@ -156,10 +161,7 @@ async def evaluate(
     chat_id: str, message_id: str, body: MessageEvalRequest, user: CurrentUser, session: SessionDep
 ) -> Response:
     """Record that this answer is better than ``inferior_message_ids``, other answers to the same prompt."""
-    chat = await get_own_chat(session, user, chat_id)
-    selected = await get_chat_message(session, chat, message_id)
-    if selected.role != Role.assistant.value:
-        raise ApiError(400, "not_assistant_message", "only assistant messages can be evaluated")
+    chat, selected = await _own_answer(session, user, chat_id, message_id, "evaluated")
     inferior = set(body.inferior_message_ids)
     if selected.id in inferior:
         raise ApiError(400, "invalid_evaluation", "a message cannot be inferior to itself")

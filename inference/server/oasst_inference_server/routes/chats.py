@@ -16,7 +16,6 @@ from oasst_inference_server.chat_store import (
     message_read_with_feedback,
     title_from_prompt,
     to_chat_list_read,
-    to_chat_read,
 )
 from oasst_inference_server.deps import BrokerDep, CurrentUser, RegistryDep, SessionDep, SettingsDep
 from oasst_inference_server.errors import ApiError
@@ -60,7 +59,7 @@ async def create_chat(
     chat = DbChat(user_id=user.id, title=body.title if body else None)
     session.add(chat)
     await session.commit()
-    return to_chat_read(chat, [])
+    return ChatRead(**to_chat_list_read(chat).model_dump())
 
 
 @router.get(

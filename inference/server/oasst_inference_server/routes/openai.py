@@ -121,6 +121,50 @@ async def _answer(service: OpenAIService, message: DbMessage, request: Request) 
         raise ApiError(499, "client_closed_request", "the client closed the connection") from None
 
 
+async def _generate(
+    request: Request,
+    response: Response,
+    body: ChatCompletionRequest | CompletionRequest,
+    caller: Caller,
+    session: AsyncSession,
+    settings: Settings,
+    service: OpenAIService,
+) -> Any:
+    """Both generation endpoints: queue the request, then stream its chunks or answer when done."""
+    chat = isinstance(body, ChatCompletionRequest)
+    model = await service.resolve_model(body.model, "generation")
+    sampling = _sampling(body, model)
+    await _admit(session, settings, caller, model)
+    if isinstance(body, ChatCompletionRequest):
+        message = await service.submit_chat(session, caller, model, sampling, *body.to_thread())
+    else:
+        message = await service.submit_completion(session, caller, model, sampling, body.prompt_text)
+    await session.close()  # do not hold a database connection while the answer is generated
+    completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{message.id}"
+    created, name = int(message.created_at.timestamp()), model.config.name
+    if body.stream:
+        chunks = (ChatChunks if chat else CompletionChunks)(completion_id, created, name)
+        stream = stream_answer(
+            service,
+            message,
+            chunks,
+            include_usage=body.include_usage,
+            is_disconnected=request.is_disconnected,
+        )
+        return OpenAIStreamResponse(stream, headers={"X-Request-Id": message.id})
+    final = await _answer(service, message, request)
+    response.headers["X-Request-Id"] = message.id
+    text, reason = final.content or "", openai_finish_reason(final.finish_reason)
+    usage = UsageInfo.of(final.prompt_tokens, final.generated_tokens)
+    if chat:
+        choice = ChatCompletionChoice(message=AssistantMessage(content=text), finish_reason=reason)
+        return ChatCompletionResponse(
+            id=completion_id, created=created, model=name, choices=[choice], usage=usage
+        )
+    choices = [CompletionChoice(text=text, finish_reason=reason)]
+    return CompletionResponse(id=completion_id, created=created, model=name, choices=choices, usage=usage)
+
+
 @router.post("/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, 200: _STREAM})
 async def chat_completions(
     request: Request,
@@ -132,37 +176,7 @@ async def chat_completions(
     service: ServiceDep,
 ) -> Any:
     """Answer a conversation (system, user and assistant messages); ``stream`` for server-sent chunks."""
-    model = await service.resolve_model(body.model, "generation")
-    sampling = _sampling(body, model)
-    system_prompt, thread = body.to_thread()
-    await _admit(session, settings, caller, model)
-    message = await service.submit_chat(session, caller, model, sampling, system_prompt, thread)
-    await session.close()  # do not hold a database connection while the answer is generated
-    completion_id, created = f"chatcmpl-{message.id}", int(message.created_at.timestamp())
-    if body.stream:
-        chunks = ChatChunks(completion_id, created, model.config.name)
-        stream = stream_answer(
-            service,
-            message,
-            chunks,
-            include_usage=body.include_usage,
-            is_disconnected=request.is_disconnected,
-        )
-        return OpenAIStreamResponse(stream, headers={"X-Request-Id": message.id})
-    final = await _answer(service, message, request)
-    response.headers["X-Request-Id"] = message.id
-    return ChatCompletionResponse(
-        id=completion_id,
-        created=created,
-        model=model.config.name,
-        choices=[
-            ChatCompletionChoice(
-                message=AssistantMessage(content=final.content or ""),
-                finish_reason=openai_finish_reason(final.finish_reason),
-            )
-        ],
-        usage=UsageInfo.of(final.prompt_tokens, final.generated_tokens),
-    )
+    return await _generate(request, response, body, caller, session, settings, service)
 
 
 @router.post("/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: _STREAM})
@@ -176,35 +190,7 @@ async def completions(
     service: ServiceDep,
 ) -> Any:
     """Continue a raw prompt (no chat template); ``stream`` for server-sent chunks."""
-    model = await service.resolve_model(body.model, "generation")
-    sampling = _sampling(body, model)
-    await _admit(session, settings, caller, model)
-    message = await service.submit_completion(session, caller, model, sampling, body.prompt_text)
-    await session.close()
-    completion_id, created = f"cmpl-{message.id}", int(message.created_at.timestamp())
-    if body.stream:
-        chunks = CompletionChunks(completion_id, created, model.config.name)
-        stream = stream_answer(
-            service,
-            message,
-            chunks,
-            include_usage=body.include_usage,
-            is_disconnected=request.is_disconnected,
-        )
-        return OpenAIStreamResponse(stream, headers={"X-Request-Id": message.id})
-    final = await _answer(service, message, request)
-    response.headers["X-Request-Id"] = message.id
-    return CompletionResponse(
-        id=completion_id,
-        created=created,
-        model=model.config.name,
-        choices=[
-            CompletionChoice(
-                text=final.content or "", finish_reason=openai_finish_reason(final.finish_reason)
-            )
-        ],
-        usage=UsageInfo.of(final.prompt_tokens, final.generated_tokens),
-    )
+    return await _generate(request, response, body, caller, session, settings, service)
 
 
 @router.post("/embeddings", response_model=EmbeddingResponse, responses=_ERRORS)

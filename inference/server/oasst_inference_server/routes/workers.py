@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import hmac
 
 from fastapi import APIRouter, WebSocket
@@ -84,25 +85,19 @@ async def worker_work(websocket: WebSocket) -> None:
         lifecycle=state.lifecycle,
         registry=state.registry,
     )
-    worker_id = registered.id if registered else None
-    await record_worker_event(
+    record = functools.partial(
+        record_worker_event,
         state.session_factory,
-        worker_id=worker_id,
+        worker_id=registered.id if registered else None,
         session_id=connection.session_id,
-        event_type="connected",
         model_config_name=info.model_config_.name,
-        details={"backend_kind": info.backend_kind, "max_parallel_requests": info.max_parallel_requests},
     )
+    details = {"backend_kind": info.backend_kind, "max_parallel_requests": info.max_parallel_requests}
+    await record(event_type="connected", details=details)
     try:
         await connection.run()
     finally:
-        await record_worker_event(
-            state.session_factory,
-            worker_id=worker_id,
-            session_id=connection.session_id,
-            event_type="disconnected",
-            model_config_name=info.model_config_.name,
-        )
+        await record(event_type="disconnected")
 
 
 async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:

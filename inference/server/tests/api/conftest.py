@@ -8,7 +8,6 @@ Everything is session-scoped and runs on the session's event loop (each test mod
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 import uuid
@@ -18,11 +17,10 @@ from pathlib import Path
 import httpx
 import pytest
 import pytest_asyncio
-import redis
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from conftest import POSTGRES_ADMIN_DSN, REDIS_URL, _admin, free_port
+from conftest import REDIS_URL, free_port, fresh_database
 from oasst_inference_server.broker import WorkerSessionRecord
 from oasst_inference_server.main import create_app
 from oasst_inference_server.settings import Settings
@@ -44,22 +42,15 @@ from fake_oauth import CLIENT_ID, CLIENT_SECRET, FakeProvider, ServerThread  # n
 
 @pytest.fixture(scope="session")
 def api_database_url() -> Iterator[str]:
-    name = f"oasst_api_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0]
-    yield f"{base}/{name}".replace("postgresql://", "postgresql+asyncpg://", 1)
-    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    # Its own database: the session's production_stack would re-queue or fail these tests' pending messages.
+    with fresh_database("oasst_api") as url:
+        yield url
 
 
 @pytest.fixture(scope="session")
-def api_redis_prefix() -> Iterator[str]:
-    prefix = f"test:api:{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+def api_redis_prefix(redis_prefix: str) -> str:
+    # Under the session's prefix (the root fixture deletes its keys), apart from the stacks that use it.
+    return f"{redis_prefix}api:"
 
 
 @pytest.fixture(scope="session")

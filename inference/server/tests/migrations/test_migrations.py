@@ -26,7 +26,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlmodel import SQLModel
 
-from conftest import POSTGRES_ADMIN_DSN, _admin, free_port
+from conftest import POSTGRES_ADMIN_DSN, _admin, free_port, fresh_database
 from oasst_inference_server import models  # noqa: F401 - registers the tables
 from oasst_inference_server.migrations import (
     INITIAL_REVISION,
@@ -217,11 +217,8 @@ async def test_waiting_for_a_database_that_never_comes():
 @pytest.mark.postgres
 def test_the_alembic_command_line(tmp_path):
     """`alembic upgrade head` from inference/server/ with the server's environment variable."""
-    name = f"oasst_cli_{uuid.uuid4().hex[:10]}"
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
-    try:
-        base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0]
-        env = {**os.environ, "OASST_SERVER_DATABASE_URL": f"{base}/{name}"}
+    with fresh_database("oasst_cli") as url:
+        env = {**os.environ, "OASST_SERVER_DATABASE_URL": url}
         alembic_bin = [sys.executable, "-m", "alembic"]
         for args in (["upgrade", "head"], ["current"], ["check"]):
             done = subprocess.run(
@@ -238,5 +235,3 @@ def test_the_alembic_command_line(tmp_path):
             text=True,
         )
         assert offline.returncode == 0 and "CREATE TABLE refresh_token" in offline.stdout
-    finally:
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))

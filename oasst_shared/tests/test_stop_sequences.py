@@ -4,7 +4,7 @@ import random
 
 import pytest
 
-from oasst_worker.stop_sequences import StopSequenceFilter
+from oasst_shared.stop_sequences import StopSequenceFilter
 
 
 def feed(stops: list[str], pieces: list[str]) -> tuple[list[str], str, bool]:
