@@ -138,6 +138,9 @@ class Repl:
         if cancelled is None:
             return "[interrupted]"
         if cancelled:
+            finished = self.session.last_cancelled
+            if finished is not None and finished.state == MessageState.complete:
+                return "[interrupted; the answer had already finished]"
             return "[cancelled]"
         return "[interrupted; this server cannot cancel, the answer finishes in the background]"
 

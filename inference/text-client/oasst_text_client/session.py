@@ -86,6 +86,8 @@ class ChatSession:
         self.system_prompt = system_prompt
         self.chat_id: str | None = None
         self._parent_id: str | None = None
+        # The answer as the last cancel_current left it: cancelled, or complete if it won the race.
+        self.last_cancelled: MessageRead | None = None
         self._turns_started = 0
         self.current: tuple[str, str] | None = None
         """(chat id, message id) of the answer being generated, for cancelling it."""
@@ -145,6 +147,7 @@ class ChatSession:
                 break
             self._sleep(delay)
             delay = min(0.5, delay * 2)
+        self.last_cancelled = message
         if _can_carry_the_conversation(message):
             self._parent_id = message.id
         return True

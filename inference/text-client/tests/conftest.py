@@ -184,7 +184,12 @@ def _make_handler(state: FakeChatServer) -> type[BaseHTTPRequestHandler]:
                 self._json(200, msg)
             elif len(parts) == 5 and parts[2] == "messages" and parts[4] == "cancel":
                 state.cancelled.append(parts[3])
-                if state.cancel_status != 200:
+                if state.cancel_status == 409:
+                    # The answer finished before the cancel arrived: the real server's 409.
+                    msg = state.messages[parts[3]]
+                    msg.update(state="complete", content="".join(state.tokens))
+                    self._error(409, "the message has already finished", "conflict")
+                elif state.cancel_status != 200:
                     self._error(state.cancel_status, "Method Not Allowed", "method_not_allowed")
                 else:
                     msg = state.messages[parts[3]]

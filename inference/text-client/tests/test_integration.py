@@ -132,16 +132,18 @@ def test_repl_streams_an_answer_on_a_terminal(embedded_stack: Any, client_env: d
 
 def test_repl_ctrl_c_cancels_on_the_server(embedded_stack: Any, client_env: dict[str, str]) -> None:
     user = unique_user()
+    # Enough tokens that the answer cannot finish between its first token and the Ctrl-C, even on a
+    # busy machine (a REPL that loses that race says so, "[interrupted; the answer had already finished]").
     child = pexpect.spawn(
         OASST_CHAT,
-        ["--server-url", embedded_stack.url, "--username", user, "--max-new-tokens", "120"],
+        ["--server-url", embedded_stack.url, "--username", user, "--max-new-tokens", "1500"],
         env=client_env,
         encoding="utf-8",
         timeout=60,
     )
     child.setwinsize(50, 200)
     child.expect(PROMPT)
-    child.sendline("Write a very long story about a dragon who learns to bake bread.")
+    child.sendline("Write a very long story about a dragon who learns to bake bread, in ten chapters.")
     # The first token: straight after the input line, or after the queue status line is cleared.
     child.expect(r"(\x1b\[\?2004l|\x1b\[2K)[^\[\x1b\r]")
     child.sendintr()

@@ -11,6 +11,7 @@ import pytest
 from oasst_shared.sampling import SamplingParameters
 from oasst_text_client import ChatApiClient, ChatSession, GenerationFailed
 from oasst_text_client.pipe import PipeSink, run_pipe
+from oasst_text_client.repl import Repl
 
 from .conftest import FakeChatServer
 
@@ -113,6 +114,20 @@ def test_an_answer_cancelled_before_any_text_is_left_out(
     assert session.cancel_current() is True
     session.ask("three", RecordingSink())
     assert [p["parent_id"] for p in posted(fake_server, "/prompter_message")] == [None, first.id, first.id]
+
+
+def test_a_cancel_that_loses_the_race_says_so(session: ChatSession, fake_server: FakeChatServer) -> None:
+    fake_server.cancel_status = 409  # the answer finished between the Ctrl-C and the cancel
+    with pytest.raises(KeyboardInterrupt):
+        session.ask("one", InterruptingSink())
+    finished_id = session.current[1] if session.current else None
+    out = io.StringIO()
+    note = Repl(session, out)._cancel()
+    assert note == "[interrupted; the answer had already finished]"
+    assert session.last_cancelled is not None and session.last_cancelled.state == "complete"
+    # The whole answer carries the next turn.
+    session.ask("two", RecordingSink())
+    assert [p["parent_id"] for p in posted(fake_server, "/prompter_message")] == [None, finished_id]
 
 
 def test_where_the_server_cannot_cancel(session: ChatSession, fake_server: FakeChatServer) -> None:
