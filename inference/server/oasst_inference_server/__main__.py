@@ -19,6 +19,9 @@ def main() -> None:
         log_config=None,
         timeout_graceful_shutdown=10,
         ws_ping_interval=None,  # the protocol has its own pings with capacity reports
+        # Worker frames are a few dozen bytes: deflate would cost CPU per token on both ends and save
+        # next to nothing.
+        ws_per_message_deflate=False,
     )
 
 

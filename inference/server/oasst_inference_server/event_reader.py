@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from loguru import logger
+from sse_starlette import ServerSentEvent
 
 from oasst_inference_server import events
 from oasst_inference_server.broker import Broker, BrokerError, StreamEntry
@@ -17,6 +18,9 @@ from oasst_shared.schemas import MessageState
 _TERMINAL_GRACE_SECONDS = 2.0
 
 
+SseEvent = dict[str, str]
+
+
 async def read_message_events(
     lifecycle: MessageLifecycle,
     broker: Broker,
@@ -24,13 +28,14 @@ async def read_message_events(
     message_id: str,
     after: str | None,
     is_disconnected: Callable[[], Awaitable[bool]],
-) -> AsyncIterator[dict[str, str]]:
-    """The events of one message as sse-starlette dicts (``id`` only for stored events).
+) -> AsyncGenerator[list[SseEvent], None]:
+    """The events of one message as batches of sse-starlette dicts (``id`` only for stored events).
 
-    Stored events come from the broker stream after ``after``; while the message waits, a ``pending``
-    event with its queue position (counted in the database) is added every
-    ``pending_update_interval``; it ends after exactly one terminal event, rebuilt from the database
-    when the stream has expired.
+    A batch is what one broker read returned (never empty), so a reader that fell behind catches up
+    in one write to its client rather than one per token. Stored events come from the broker stream
+    after ``after``; while the message waits, a ``pending`` event with its queue position (counted in
+    the database) is added every ``pending_update_interval``; it ends after exactly one terminal
+    event, rebuilt from the database when the stream has expired.
     """
     stream = events.stream_name(message_id)
     message = await lifecycle.get(message_id)
@@ -38,7 +43,7 @@ async def read_message_events(
         return
     if message.state == MessageState.pending.value and after is None:
         position, size = await lifecycle.queue_position(message)
-        yield {"data": events.pending_event(position, size)}
+        yield [{"data": events.pending_event(position, size)}]
     while True:
         try:
             entries = await broker.read_events(stream, after, timeout=settings.pending_update_interval)
@@ -47,12 +52,12 @@ async def read_message_events(
             logger.warning("event stream of {} unavailable: {}", message_id, exc)
             await asyncio.sleep(settings.pending_update_interval)
             entries = []
-        for entry in entries:
-            yield {"id": entry.id, "data": entry.data}
-            after = entry.id
-            if events.is_terminal(entry.data):
-                return
         if entries:
+            batch, ended = _up_to_terminal(entries)
+            yield batch
+            if ended:
+                return
+            after = entries[-1].id
             continue
         if await is_disconnected():
             return
@@ -67,16 +72,44 @@ async def read_message_events(
             recent = message.finished_at is None or (utcnow() - message.finished_at).total_seconds() < 30
             grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
             while late := await _read_quietly(broker, stream, after, grace):
-                for entry in late:
-                    yield {"id": entry.id, "data": entry.data}
-                    after = entry.id
-                    if events.is_terminal(entry.data):
-                        return
-            yield {"data": lifecycle.final_event(message)}
+                batch, ended = _up_to_terminal(late)
+                yield batch
+                if ended:
+                    return
+                after = late[-1].id
+            yield [{"data": lifecycle.final_event(message)}]
             return
         if state == MessageState.pending:
             position, size = await lifecycle.queue_position(message)
-            yield {"data": events.pending_event(position, size)}
+            yield [{"data": events.pending_event(position, size)}]
+
+
+def encode_sse(batch: list[SseEvent]) -> bytes:
+    """One batch as server-sent events, ready to write (``\r\n`` line ends, as sse-starlette's).
+
+    Event data is one line of JSON (``json.dumps`` escapes line breaks); anything else goes through
+    sse-starlette's encoder, which splits it into several ``data:`` lines.
+    """
+    parts: list[bytes] = []
+    for event in batch:
+        data = event["data"]
+        if "\n" in data or "\r" in data:
+            parts.append(ServerSentEvent(**event).encode())  # type: ignore[arg-type]
+            continue
+        event_id = event.get("id")
+        head = f"id: {event_id}\r\n" if event_id is not None else ""
+        parts.append(f"{head}data: {data}\r\n\r\n".encode())
+    return b"".join(parts)
+
+
+def _up_to_terminal(entries: list[StreamEntry]) -> tuple[list[SseEvent], bool]:
+    """The entries as SSE dicts, cut after the first terminal one; and whether there was one."""
+    batch: list[SseEvent] = []
+    for entry in entries:
+        batch.append({"id": entry.id, "data": entry.data})
+        if events.is_terminal(entry.data):
+            return batch, True
+    return batch, False
 
 
 async def _read_quietly(broker: Broker, stream: str, after: str | None, timeout: float) -> list[StreamEntry]:

@@ -82,27 +82,33 @@ class MessageLifecycle:
         await self._broker.push_work(events.work_queue_name(message.model_config_name), message.id)
 
     async def claim(self, message_id: str, session_id: str) -> Work | EmbedWork | None:
-        """Atomically take a pending message for a worker session; None if someone else has it."""
+        """Atomically take a pending message for a worker session; None if someone else has it.
+
+        One transaction: the conditional UPDATE returns the claimed row (RETURNING, on Postgres and
+        SQLite alike), the conversation is read in the same transaction, then it commits.
+        """
         now = utcnow()
         async with self._sessions() as session:
-            result = await session.execute(
-                update(DbMessage)
-                .where(DbMessage.id == message_id, DbMessage.state == MessageState.pending.value)
-                .values(
-                    state=MessageState.in_progress.value,
-                    worker_session_id=session_id,
-                    lease_deadline=now + timedelta(seconds=self._settings.lease_seconds),
-                    started_at=now,
-                    attempts=DbMessage.attempts + 1,
+            claimed = (
+                await session.execute(
+                    update(DbMessage)
+                    .where(DbMessage.id == message_id, DbMessage.state == MessageState.pending.value)
+                    .values(
+                        state=MessageState.in_progress.value,
+                        worker_session_id=session_id,
+                        lease_deadline=now + timedelta(seconds=self._settings.lease_seconds),
+                        started_at=now,
+                        attempts=DbMessage.attempts + 1,
+                    )
+                    .returning(DbMessage)
                 )
-            )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
+            ).scalar_one_or_none()
+            if claimed is None:
                 await session.rollback()
                 return None
+            work = await self._work_frame(session, claimed)
             await session.commit()
-            message = await session.get(DbMessage, message_id)
-            assert message is not None
-            return await self._work_frame(session, message)
+            return work
 
     async def _work_frame(self, session: AsyncSession, message: DbMessage) -> Work | EmbedWork:
         payload = message.request_payload or {}
@@ -163,9 +169,6 @@ class MessageLifecycle:
             await session.commit()
 
     # ------------------------------------------------------------ streaming and results
-    async def publish_token(self, message_id: str, text: str) -> None:
-        await self._broker.append_event(events.stream_name(message_id), events.token_event(text))
-
     async def _append_terminal(self, message_id: str, data: str) -> None:
         """Append a terminal event; if the broker is down, readers fall back to the database."""
         try:

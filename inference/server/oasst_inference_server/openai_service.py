@@ -224,29 +224,31 @@ class OpenAIService:
     # ------------------------------------------------------------ following a request
     async def events(
         self, message_id: str, is_disconnected: IsDisconnected
-    ) -> AsyncGenerator[dict[str, Any], None]:
-        """The message's events, decoded; ends after the terminal one, or early if the client left."""
+    ) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """The message's events, decoded, in batches (one per broker read); ends after the terminal
+        one, or early if the client left."""
         reader = read_message_events(
             self._lifecycle, self._broker, self.settings, message_id, None, is_disconnected
         )
-        async with aclosing(reader) as entries:
-            async for entry in entries:
-                yield json.loads(entry["data"])
+        async with aclosing(reader) as batches:
+            async for batch in batches:
+                yield [json.loads(entry["data"]) for entry in batch]
 
     async def wait(self, message: DbMessage, is_disconnected: IsDisconnected) -> MessageRead:
         """Wait for the finished message; raise the failure as an ``ApiError``, or ``ClientGone``."""
         finished = False
         try:
-            async with aclosing(self.events(message.id, is_disconnected)) as events:
-                async for event in events:
-                    kind = event["event_type"]
-                    if kind == "message":
-                        finished = True
-                        return MessageRead.model_validate(event["message"])
-                    if kind == "error":
-                        finished = True
-                        raise generation_failure(event)
-                    if kind == "token" and await is_disconnected():
+            async with aclosing(self.events(message.id, is_disconnected)) as batches:
+                async for batch in batches:
+                    for event in batch:
+                        kind = event["event_type"]
+                        if kind == "message":
+                            finished = True
+                            return MessageRead.model_validate(event["message"])
+                        if kind == "error":
+                            finished = True
+                            raise generation_failure(event)
+                    if await is_disconnected():
                         break  # nobody waits for the rest: stop the worker now
             raise ClientGone()
         finally:

@@ -134,36 +134,48 @@ async def stream_answer(
     try:
         if first := chunks.start():
             yield first
-        async with contextlib.aclosing(service.events(message.id, is_disconnected)) as events:
-            async for event in events:
-                kind = event["event_type"]
-                if kind == "pending":
-                    yield _PENDING_COMMENT
-                elif kind == "token":
-                    sent_text = True
-                    yield chunks.text(event["text"])
-                elif kind == "retry" and sent_text:
-                    yield error_chunk(
-                        f"the worker generating this answer was lost ({event.get('reason')}); the text "
-                        "already sent cannot be taken back: retry the request",
-                        "worker_lost",
-                    )
-                    yield DONE
-                    return  # not finished: settle() cancels the regeneration nobody would read
-                elif kind == "message":
-                    finished = True
-                    final = MessageRead.model_validate(event["message"])
-                    yield chunks.finish(openai_finish_reason(final.finish_reason))
-                    if include_usage:
-                        yield chunks.usage(UsageInfo.of(final.prompt_tokens, final.generated_tokens))
-                    yield DONE
-                    return
-                elif kind == "error":
-                    finished = True
-                    failure = generation_failure(event)
-                    yield error_chunk(failure.detail, failure.code)
-                    yield DONE
-                    return
+        async with contextlib.aclosing(service.events(message.id, is_disconnected)) as batches:
+            async for batch in batches:
+                # One write per batch of events: a stream that fell behind catches up in one send.
+                out: list[str] = []
+                for event in batch:
+                    kind = event["event_type"]
+                    if kind == "pending":
+                        out.append(_PENDING_COMMENT)
+                    elif kind == "token":
+                        sent_text = True
+                        out.append(chunks.text(event["text"]))
+                    elif kind == "retry" and sent_text:
+                        out.append(
+                            error_chunk(
+                                f"the worker generating this answer was lost ({event.get('reason')}); "
+                                "the text already sent cannot be taken back: retry the request",
+                                "worker_lost",
+                            )
+                        )
+                        out.append(DONE)
+                        yield "".join(out)
+                        return  # not finished: settle() cancels the regeneration nobody would read
+                    elif kind == "message":
+                        finished = True
+                        final = MessageRead.model_validate(event["message"])
+                        out.append(chunks.finish(openai_finish_reason(final.finish_reason)))
+                        if include_usage:
+                            out.append(
+                                chunks.usage(UsageInfo.of(final.prompt_tokens, final.generated_tokens))
+                            )
+                        out.append(DONE)
+                        yield "".join(out)
+                        return
+                    elif kind == "error":
+                        finished = True
+                        failure = generation_failure(event)
+                        out.append(error_chunk(failure.detail, failure.code))
+                        out.append(DONE)
+                        yield "".join(out)
+                        return
+                if out:
+                    yield "".join(out)
     finally:
         await service.settle(message, finished)
 

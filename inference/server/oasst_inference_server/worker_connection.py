@@ -1,8 +1,9 @@
 """One connected worker: dispatch work to it, relay its tokens, watch its health.
 
-Four tasks run per connection and the first to end ends them all:
+Five tasks run per connection and the first to end ends them all:
 
 * ``_receive``  - parses worker frames (a malformed one closes the socket with 1008);
+* the relay     - writes the tokens ``_receive`` hands it to the broker in batches (:mod:`.token_relay`);
 * ``_dispatch`` - while the worker has a free slot, pops a hint from its model's queue and claims it;
 * ``_ping``     - pings; a worker silent past ``worker_ping_timeout`` is disconnected;
 * ``_commands`` - forwards commands (cancel) that any replica published for this session.
@@ -28,6 +29,7 @@ from oasst_inference_server import events, metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSessionRecord
 from oasst_inference_server.message_lifecycle import MessageLifecycle
 from oasst_inference_server.settings import Settings
+from oasst_inference_server.token_relay import TokenRelay
 from oasst_inference_server.worker_registry import WorkerRegistry
 from oasst_shared.protocol import (
     CLOSE_GOING_AWAY,
@@ -89,6 +91,7 @@ class WorkerConnection:
         # Resolved once: labels() is a locked dict lookup, and this counter moves on every token.
         self._tokens_relayed = metrics.TOKENS.labels(self.model_name)
         self._first_token_at: dict[str, float] = {}
+        self._relay = TokenRelay(broker, label=f" of worker {self.session_id}")
 
     # ------------------------------------------------------------ public
     @property
@@ -113,6 +116,7 @@ class WorkerConnection:
             asyncio.create_task(self._guard(self._dispatch), name="dispatch"),
             asyncio.create_task(self._guard(self._ping), name="ping"),
             asyncio.create_task(self._guard(self._commands), name="commands"),
+            asyncio.create_task(self._guard(self._relay.run), name="relay"),
         ]
         close: _ConnectionClosed | None = None
         try:
@@ -156,16 +160,13 @@ class WorkerConnection:
             if isinstance(frame, Token):
                 if frame.message_id in self.in_flight:
                     self._count_token(frame.message_id)
-                    try:
-                        await self._lifecycle.publish_token(frame.message_id, frame.text)
-                    except BrokerError as exc:
-                        # Readers miss this token; the finished message (in the database) has it.
-                        logger.warning("token of {} not relayed: {}", frame.message_id, exc)
+                    await self._relay.add(frame.message_id, frame.text)
             elif isinstance(frame, Pong):
                 await self._on_pong(frame)
             elif isinstance(frame, GeneratedText):
                 if frame.message_id in self.in_flight:
                     self._observe_speed(frame.message_id, frame.generated_tokens)
+                    await self._relay.flush()  # the terminal event comes after every token
                     await self._lifecycle.complete(self.session_id, frame)
                     self._done(frame.message_id)
             elif isinstance(frame, Embeddings):
@@ -264,6 +265,7 @@ class WorkerConnection:
             return
         if error.message_id not in self.in_flight:
             return
+        await self._relay.flush()  # a retry or error event comes after the tokens it discards
         self._done(error.message_id)
         await self._lifecycle.release(
             error.message_id, self.session_id, error.error, retryable=error.retryable

@@ -119,7 +119,13 @@ class WorkerClient:
         url = self._settings.server_url.rstrip("/") + "/workers/work"
         headers = {API_KEY_HEADER: self._settings.api_key, PROTOCOL_VERSION_HEADER: str(PROTOCOL_VERSION)}
         try:
-            ws = await connect(url, additional_headers=headers, ping_interval=None, open_timeout=10)
+            ws = await connect(
+                url,
+                additional_headers=headers,
+                ping_interval=None,  # the protocol has its own pings
+                open_timeout=10,
+                compression=None,  # frames are tiny: deflate costs CPU per token and saves nothing
+            )
         except InvalidStatus as exc:
             if exc.response.status_code in (401, 403):
                 raise FatalWorkerError(

@@ -84,6 +84,15 @@ class Broker(abc.ABC):
         ``stream_ttl``.
         """
 
+    async def append_events(self, entries: list[tuple[str, str]]) -> None:
+        """Append non-terminal events, each ``(stream, data)``, in order.
+
+        The batched form of :meth:`append_event` for the token relay (one round trip where the
+        implementation can). On failure some of the entries may have been appended.
+        """
+        for stream, data in entries:
+            await self.append_event(stream, data)
+
     @abc.abstractmethod
     async def read_events(
         self, stream: str, after: str | None, timeout: float, count: int = 512

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
@@ -19,7 +21,7 @@ from oasst_inference_server.chat_store import (
 )
 from oasst_inference_server.deps import BrokerDep, CurrentUser, RegistryDep, SessionDep, SettingsDep
 from oasst_inference_server.errors import ApiError
-from oasst_inference_server.event_reader import read_message_events
+from oasst_inference_server.event_reader import SseEvent, encode_sse, read_message_events
 from oasst_inference_server.limits import check_chat_capacity, check_message_length, check_queue_capacity
 from oasst_inference_server.message_lifecycle import MessageLifecycle, to_message_read
 from oasst_inference_server.models import DbChat, DbMessage, utcnow
@@ -258,9 +260,16 @@ async def message_events(
     if message.role != Role.assistant.value:
         raise ApiError(400, "not_assistant_message", "only assistant messages have events")
     await session.close()  # do not hold a database connection for the life of the stream
-    stream = read_message_events(
+    batches = read_message_events(
         _lifecycle(request), broker, settings, message_id, last_event_id, request.is_disconnected
     )
     return EventSourceResponse(
-        stream, ping=int(settings.sse_ping_interval), headers={"X-Accel-Buffering": "no"}
+        _encoded(batches), ping=int(settings.sse_ping_interval), headers={"X-Accel-Buffering": "no"}
     )
+
+
+async def _encoded(batches: AsyncGenerator[list[SseEvent], None]) -> AsyncIterator[bytes]:
+    # One write per batch: a reader that fell behind catches up in one send, not one per token.
+    async with aclosing(batches) as stream:
+        async for batch in stream:
+            yield encode_sse(batch)

@@ -69,6 +69,29 @@ async def test_read_of_missing_stream_times_out_empty(broker: Broker) -> None:
     assert await broker.read_events("nothing", None, timeout=0.0001) == []
 
 
+async def test_a_batch_append_keeps_order_across_streams(broker: Broker) -> None:
+    before = await broker.append_event("a", "a0")
+    batch = [("a", "a1"), ("b", "b1"), ("a", "a2"), ("b", "b2 héllo 👋"), ("a", "a3")]
+    await broker.append_events(batch)
+    await broker.append_events([])
+    after = await broker.append_event("a", "a4", terminal=True)
+    a = await broker.read_events("a", None, timeout=1.0)
+    assert [e.data for e in a] == ["a0", "a1", "a2", "a3", "a4"]
+    assert a[0].id == before and a[-1].id == after
+    parsed = [parse_stream_id(e.id) for e in a]
+    assert all(x < y for x, y in zip(parsed, parsed[1:], strict=False))
+    assert [e.data for e in await broker.read_events("b", None, timeout=1.0)] == ["b1", "b2 héllo 👋"]
+
+
+async def test_a_batch_append_wakes_a_blocked_reader(broker: Broker) -> None:
+    reader = asyncio.create_task(broker.read_events("s", None, timeout=10.0))
+    await asyncio.sleep(0.1)
+    assert not reader.done()
+    await broker.append_events([("s", "x"), ("s", "y")])
+    woken = await asyncio.wait_for(reader, 5.0)
+    assert [e.data for e in woken][:1] == ["x"]
+
+
 async def test_blocked_reader_wakes_on_append(broker: Broker) -> None:
     first = await broker.append_event("s", "a")
     reader = asyncio.create_task(broker.read_events("s", first, timeout=10.0))
