@@ -57,6 +57,7 @@ PROTOCOL_NOTES: dict[str, str] = {
     "Token.text": "The text of this token (never part of a stop sequence: those are held back).",
     "Token.token_id": "The backend's token id, where known.",
     "Token.logprob": "The token's log-probability, where known.",
+    "TokenBatch.tokens": "The tokens, in the order they were generated; they may belong to several messages.",
     "GeneratedText.message_id": "The message that finished.",
     "GeneratedText.text": "The whole answer: the concatenation of the streamed token texts.",
     "GeneratedText.finish_reason": "Why generation stopped; `cancelled` after a `cancel`.",
@@ -124,6 +125,9 @@ FRAME_NOTES: dict[str, str] = {
     "Pong": "The answer to a `ping`, with the worker's current capacity. Pongs also extend the leases "
     "of the messages the worker holds.",
     "Token": "One streamed piece of an answer.",
+    "TokenBatch": "Several `token` frames in one (protocol 2): a worker sends one when tokens queue up "
+    "faster than it writes frames, so under load it costs both sides a frame and a parse per batch "
+    "instead of per token. The server handles it exactly as the same tokens sent one frame each.",
     "GeneratedText": "A generation finished (or was cancelled): the whole text and its token counts.",
     "Cancel": "Stop generating this message.",
     "Ping": "Are you alive, and how much can you take? Sent every `OASST_SERVER_WORKER_PING_INTERVAL` "
@@ -441,6 +445,9 @@ def protocol_examples(p: types.ModuleType) -> dict[str, BaseModel]:
         ),
         "Pong": p.Pong(ping_id="3f9c1a2b7d4e", free_slots=1),
         "Token": p.Token(message_id=mid, text=" Paris"),
+        "TokenBatch": p.TokenBatch(
+            tokens=[p.Token(message_id=mid, text=" Par"), p.Token(message_id=mid, text="is")]
+        ),
         "GeneratedText": p.GeneratedText(
             message_id=mid,
             text="The capital of France is Paris.",
@@ -464,7 +471,7 @@ def protocol_examples(p: types.ModuleType) -> dict[str, BaseModel]:
         "UpgradeRequired": p.UpgradeRequired(
             server_protocol_version=p.PROTOCOL_VERSION,
             min_supported_version=p.MIN_SUPPORTED_PROTOCOL_VERSION,
-            detail="this server speaks worker protocol 1..1, the worker sent 0: upgrade the worker",
+            detail="this server speaks worker protocol 1..2, the worker sent 0: upgrade the worker",
         ),
     }
 
@@ -528,7 +535,7 @@ def render_protocol() -> str:
     w(
         "5. Then, until either side closes: the server sends `ping` regularly and `work` (or `embed`) while "
         "the worker has a free slot, and relays `cancel` from any replica; the worker answers every `ping` "
-        "with a `pong`, streams `token` frames and ends each job with exactly one `generated_text`, "
+        "with a `pong`, streams `token` (or, protocol 2, `token_batch`) frames and ends each job with exactly one `generated_text`, "
         "`embeddings` or `error`. On SIGTERM the worker sends `drain`, finishes its jobs and closes."
     )
     w("")

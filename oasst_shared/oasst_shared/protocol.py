@@ -8,8 +8,9 @@ pydantic discriminated unions over it, so a frame is parsed and validated in one
 Handshake: the worker opens ``/workers/work`` with the headers ``X-API-Key`` and
 ``X-Protocol-Version`` (:data:`PROTOCOL_VERSION`); its first frame is a :class:`WorkerInfo`.
 Then the server sends :class:`Work` (or :class:`EmbedWork` to embedding workers), :class:`Cancel` and
-:class:`Ping`; the worker answers with :class:`Pong`, :class:`Token`, :class:`GeneratedText`,
-:class:`Embeddings`, :class:`WorkerError` and :class:`Drain`.
+:class:`Ping`; the worker answers with :class:`Pong`, :class:`Token` (or several at once in a
+:class:`TokenBatch`, protocol 2), :class:`GeneratedText`, :class:`Embeddings`, :class:`WorkerError` and
+:class:`Drain`.
 
 Bump :data:`PROTOCOL_VERSION` on any change an older peer would misread; the server refuses workers
 older than :data:`MIN_SUPPORTED_PROTOCOL_VERSION` and tells them to upgrade.
@@ -24,7 +25,8 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.sampling import SamplingParameters
 
-PROTOCOL_VERSION = 1
+# 2 added TokenBatch; a server speaking 2 still accepts 1, whose workers send a frame per token.
+PROTOCOL_VERSION = 2
 MIN_SUPPORTED_PROTOCOL_VERSION = 1
 
 API_KEY_HEADER = "X-API-Key"
@@ -97,6 +99,17 @@ class Token(_Frame):
     logprob: float | None = None
 
 
+class TokenBatch(_Frame):
+    """Several tokens, in order, possibly of several messages (protocol 2).
+
+    A worker sends one when tokens queue up faster than it sends frames: the server handles it as
+    the same tokens sent one frame each.
+    """
+
+    type: Literal["token_batch"] = "token_batch"
+    tokens: list[Token] = Field(min_length=1)
+
+
 class GeneratedText(_Frame):
     type: Literal["generated_text"] = "generated_text"
     message_id: str
@@ -131,7 +144,7 @@ class Drain(_Frame):
 
 
 WorkerFrame = Annotated[
-    WorkerInfo | Pong | Token | GeneratedText | Embeddings | WorkerError | Drain,
+    WorkerInfo | Pong | Token | TokenBatch | GeneratedText | Embeddings | WorkerError | Drain,
     Field(discriminator="type"),
 ]
 
@@ -190,7 +203,7 @@ _server_frame_adapter: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
 
 def parse_worker_frame(
     data: str | bytes,
-) -> WorkerInfo | Pong | Token | GeneratedText | Embeddings | WorkerError | Drain:
+) -> WorkerInfo | Pong | Token | TokenBatch | GeneratedText | Embeddings | WorkerError | Drain:
     try:
         return _worker_frame_adapter.validate_json(data)
     except ValidationError as exc:

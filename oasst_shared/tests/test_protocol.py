@@ -14,6 +14,7 @@ from oasst_shared.protocol import (
     Pong,
     ProtocolError,
     Token,
+    TokenBatch,
     UpgradeRequired,
     Work,
     WorkerError,
@@ -28,6 +29,7 @@ WORKER_FRAMES = [
     WorkerInfo(model_config=SMOLLM2_135M, max_parallel_requests=4, backend_kind="tgi", worker_version="1"),
     Pong(ping_id="p1", free_slots=2, backend_healthy=False, backend_queue_length=3, kv_cache_free_tokens=100),
     Token(message_id="m", text="hé", token_id=5, logprob=-0.5),
+    TokenBatch(tokens=[Token(message_id="m", text="a"), Token(message_id="n", text="b", token_id=7)]),
     GeneratedText(
         message_id="m", text="hello", finish_reason="eos_token", generated_tokens=3, prompt_tokens=9
     ),
@@ -77,6 +79,8 @@ def test_worker_info_carries_the_model_config_under_its_wire_name():
         '{"type": "token", "message_id": "m"}',
         '{"type": "pong", "ping_id": "p", "free_slots": -1}',
         '{"type": "token", "message_id": "m", "text": "x", "surprise": 1}',
+        '{"type": "token_batch", "tokens": []}',
+        '{"type": "token_batch", "tokens": [{"type": "pong", "ping_id": "p", "free_slots": 1}]}',
         '{"type": "generated_text", "message_id": "m", "text": "", "finish_reason": "bored", "generated_tokens": 1}',
     ],
 )

@@ -11,9 +11,16 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from conftest import WORKER_API_KEY
+from conftest import WORKER_API_KEY, wait_for_model
 from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import PROTOCOL_VERSION, WorkerInfo, dump_frame
+from oasst_shared.protocol import (
+    PROTOCOL_VERSION,
+    GeneratedText,
+    Token,
+    TokenBatch,
+    WorkerInfo,
+    dump_frame,
+)
 from tests.e2e.chat_api import ChatApi
 
 pytestmark = pytest.mark.slow
@@ -78,3 +85,40 @@ async def test_a_malformed_frame_closes_only_that_connection(stack):
     _, events = await asyncio.to_thread(api.ask, chat_id, "Hi!", stack.model_name, max_new_tokens=4)
     assert events[-1].data["event_type"] == "message"
     assert events[-1].data["message"]["state"] == "complete"
+
+
+@pytest.mark.parametrize("version", [1, PROTOCOL_VERSION])
+async def test_token_frames_and_token_batches_reach_readers_alike(stack, version):
+    """A protocol-1 worker sends a frame per token; a protocol-2 worker may batch them."""
+    config = SMOLLM2_135M.model_copy(update={"name": f"fake-{uuid.uuid4().hex[:6]}"})
+    info = WorkerInfo(model_config=config, max_parallel_requests=1, backend_kind="fake")
+    async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers(version=version)) as ws:
+        await ws.send(dump_frame(info))
+        await asyncio.to_thread(wait_for_model, stack.url, config.name)
+        api = ChatApi(stack.url, f"user-{uuid.uuid4().hex[:8]}")
+        chat_id = api.create_chat()
+        prompter = api.prompter(chat_id, "Spell it")
+        prompter.raise_for_status()
+        answer = api.assistant(chat_id, prompter.json()["id"], config.name, max_new_tokens=8)
+        answer.raise_for_status()
+        message_id = answer.json()["id"]
+        while (frame := json.loads(await asyncio.wait_for(ws.recv(), 10)))["type"] != "work":
+            pass  # pings
+        assert frame["message_id"] == message_id
+        pieces = ["Hel", "lo", ",", " wor", "ld"]
+        tokens = [Token(message_id=message_id, text=p) for p in pieces]
+        if version == 1:
+            for token in tokens:
+                await ws.send(dump_frame(token))
+        else:
+            await ws.send(dump_frame(tokens[0]))
+            await ws.send(dump_frame(TokenBatch(tokens=tokens[1:])))
+        result = GeneratedText(
+            message_id=message_id, text="".join(pieces), finish_reason="eos_token", generated_tokens=5
+        )
+        await ws.send(dump_frame(result))
+        events = await asyncio.to_thread(api.events, chat_id, message_id)
+    assert [e.data["text"] for e in events if e.data["event_type"] == "token"] == pieces
+    assert events[-1].data["event_type"] == "message"
+    assert events[-1].data["message"]["state"] == "complete"
+    assert events[-1].data["message"]["content"] == "Hello, world"

@@ -43,6 +43,7 @@ from oasst_shared.protocol import (
     Pong,
     ProtocolError,
     Token,
+    TokenBatch,
     WorkerError,
     WorkerInfo,
     dump_frame,
@@ -158,9 +159,10 @@ class WorkerConnection:
                 metrics.ERRORS.labels("protocol").inc()
                 raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, f"malformed frame: {exc}"[:120]) from None
             if isinstance(frame, Token):
-                if frame.message_id in self.in_flight:
-                    self._count_token(frame.message_id)
-                    await self._relay.add(frame.message_id, frame.text)
+                await self._on_token(frame)
+            elif isinstance(frame, TokenBatch):
+                for token in frame.tokens:
+                    await self._on_token(token)
             elif isinstance(frame, Pong):
                 await self._on_pong(frame)
             elif isinstance(frame, GeneratedText):
@@ -247,6 +249,11 @@ class WorkerConnection:
                     await self._send(frame)
 
     # ------------------------------------------------------------ frame handlers
+    async def _on_token(self, token: Token) -> None:
+        if token.message_id in self.in_flight:  # else late, after a cancel or a lost lease: dropped
+            self._count_token(token.message_id)
+            await self._relay.add(token.message_id, token.text)
+
     async def _on_pong(self, pong: Pong) -> None:
         self._last_pong = time.monotonic()
         was_healthy = self.backend_healthy

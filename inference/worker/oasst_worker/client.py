@@ -34,12 +34,12 @@ from oasst_shared.protocol import (
     Work,
     WorkerError,
     WorkerInfo,
-    dump_frame,
     parse_server_frame,
 )
 from oasst_worker import metrics
 from oasst_worker.backends import Backend, BackendError
 from oasst_worker.embedding import EmbeddingJob
+from oasst_worker.frame_sender import FrameSender
 from oasst_worker.job import Job
 from oasst_worker.prompting import PromptBuilder
 from oasst_worker.settings import WorkerSettings
@@ -62,7 +62,7 @@ class WorkerClient:
         self._draining = False
         self._stopped = asyncio.Event()
         self._ws: ClientConnection | None = None
-        self._send_lock = asyncio.Lock()
+        self._sender: FrameSender | None = None
 
     @property
     def free_slots(self) -> int:
@@ -135,6 +135,8 @@ class WorkerClient:
         except InvalidURI as exc:
             raise FatalWorkerError(f"invalid server URL {url!r}: {exc}") from None
         self._ws = ws
+        self._sender = FrameSender(ws)
+        sender_task = asyncio.create_task(self._sender.run(), name="frame-sender")
         try:
             if self._config.kind == "generation":
                 await self._prompts.prepare()
@@ -156,6 +158,9 @@ class WorkerClient:
             raise
         finally:
             self._ws = None
+            self._sender = None
+            sender_task.cancel()
+            await asyncio.gather(sender_task, return_exceptions=True)
             # The server re-queues whatever this connection held; results could not be delivered.
             await self._cancel_jobs()
 
@@ -234,11 +239,10 @@ class WorkerClient:
         self._jobs.clear()
 
     async def _send(self, frame: BaseModel) -> None:
-        ws = self._ws
-        if ws is None:
+        sender = self._sender
+        if sender is None:
             raise ConnectionClosed(None, None)
-        async with self._send_lock:
-            await ws.send(dump_frame(frame))
+        await sender.send(frame)
 
     # ------------------------------------------------------------ backend health
     async def _wait_for_backend(self) -> None:
