@@ -8,7 +8,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-PLACEHOLDER_SECRETS = frozenset({"", "change-me", "changeme", "dev-secret", "dev-worker-key"})
+# The development default is 32+ bytes only so that PyJWT does not warn on every token in `make up`.
+DEV_AUTH_SECRET = "dev-secret-for-local-development-only"
+PLACEHOLDER_SECRETS = frozenset({"", "change-me", "changeme", "dev-secret", DEV_AUTH_SECRET, "dev-worker-key"})
 
 
 class Settings(BaseSettings):
@@ -34,7 +36,7 @@ class Settings(BaseSettings):
     stream_ttl_seconds: float = Field(default=600.0, gt=0, description="Kept after a message ends")
     stream_maxlen: int = Field(default=20_000, ge=100)
 
-    auth_secret: str = Field(default="dev-secret", description="Signs access and refresh tokens")
+    auth_secret: str = Field(default=DEV_AUTH_SECRET, description="Signs access and refresh tokens")
     access_token_expire_minutes: int = Field(default=60, ge=1, description="Short-lived: refresh them")
     refresh_token_expire_days: int = Field(default=30, ge=1)
     allow_debug_auth: bool = True

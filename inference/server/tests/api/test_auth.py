@@ -263,6 +263,7 @@ async def test_trusted_header_format_is_the_original_one():
     "override, complaint",
     [
         ({"auth_secret": "dev-secret"}, "AUTH_SECRET"),
+        ({"auth_secret": "dev-secret-for-local-development-only"}, "AUTH_SECRET"),  # the default
         ({"allow_debug_auth": True}, "debug auth"),
         ({"worker_api_keys": ["dev-worker-key"]}, "WORKER_API_KEYS"),
         ({"trusted_client_api_keys": ["change-me"]}, "TRUSTED_CLIENT_API_KEYS"),
