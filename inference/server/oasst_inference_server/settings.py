@@ -10,7 +10,9 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 # The development default is 32+ bytes only so that PyJWT does not warn on every token in `make up`.
 DEV_AUTH_SECRET = "dev-secret-for-local-development-only"
-PLACEHOLDER_SECRETS = frozenset({"", "change-me", "changeme", "dev-secret", DEV_AUTH_SECRET, "dev-worker-key"})
+PLACEHOLDER_SECRETS = frozenset(
+    {"", "change-me", "changeme", "dev-secret", DEV_AUTH_SECRET, "dev-worker-key"}
+)
 
 
 class Settings(BaseSettings):

@@ -87,6 +87,11 @@ class Job:
         # aclosing: leaving the loop early closes the backend's HTTP stream at once, not at GC time.
         async with aclosing(backend_stream) as stream:
             async for item in stream:
+                if self.cancel_requested:
+                    # The client's task.cancel() is lost when it lands just as a token arrives
+                    # (asyncio.wait_for in the backends then returns the token): the flag still
+                    # ends the job at the next token.
+                    raise asyncio.CancelledError
                 if isinstance(item, GenerationResult):
                     await self._emit(send, stops.flush())
                     finish_reason = item.finish_reason
