@@ -1,0 +1,120 @@
+"""The per-user generation limits, counted in one query, on SQLite and on Postgres."""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from conftest import fresh_database
+from oasst_inference_server.db import create_engine, make_session_factory
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.migrations import upgrade_to_head
+from oasst_inference_server.models import DbChat, DbMessage, DbUser, utcnow
+from oasst_inference_server.rate_limit import check_generation_limits
+from oasst_inference_server.settings import Settings
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+async def sessions(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> AsyncIterator[async_sessionmaker[AsyncSession]]:
+    with contextlib.ExitStack() as stack:
+        if request.param == "sqlite":
+            url = f"sqlite+aiosqlite:///{tmp_path}/limits.db"
+        else:
+            url = stack.enter_context(fresh_database("oasst_limits"))
+        engine = create_engine(Settings(_env_file=None, database_url=url))  # type: ignore[call-arg]
+        try:
+            await upgrade_to_head(engine)
+            yield make_session_factory(engine)
+        finally:
+            await engine.dispose()
+
+
+def limits(per_minute: int = 0, running: int = 0) -> Settings:
+    return Settings(  # type: ignore[call-arg]
+        _env_file=None, rate_limit_per_minute=per_minute, max_concurrent_generations_per_user=running
+    )
+
+
+async def add_user(sessions: async_sessionmaker[AsyncSession]) -> tuple[str, str]:
+    """A user and a chat of theirs: (user id, chat id)."""
+    async with sessions() as session:
+        user = DbUser(provider="debug", provider_account_id=uuid.uuid4().hex, display_name="u")
+        session.add(user)
+        await session.flush()
+        chat = DbChat(user_id=user.id)
+        session.add(chat)
+        await session.commit()
+        return user.id, chat.id
+
+
+async def add_generation(
+    sessions: async_sessionmaker[AsyncSession],
+    *,
+    state: str,
+    minutes_ago: float = 0,
+    chat_id: str | None = None,
+    user_id: str | None = None,
+) -> None:
+    """A chat answer (``chat_id``) or an API request (``user_id``), enqueued ``minutes_ago``."""
+    async with sessions() as session:
+        session.add(
+            DbMessage(
+                chat_id=chat_id,
+                user_id=user_id,
+                role="assistant",
+                state=state,
+                model_config_name="m",
+                kind="chat" if chat_id else "chat_completion",
+                enqueued_at=utcnow() - timedelta(minutes=minutes_ago),
+            )
+        )
+        await session.commit()
+
+
+async def check(sessions: async_sessionmaker[AsyncSession], settings: Settings, user_id: str) -> None:
+    async with sessions() as session:
+        await check_generation_limits(session, settings, user_id)
+
+
+async def test_running_generations_count_chat_answers_and_api_requests(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    user_id, chat_id = await add_user(sessions)
+    other_id, other_chat = await add_user(sessions)
+    await add_generation(sessions, state="in_progress", chat_id=chat_id, minutes_ago=5)
+    await add_generation(sessions, state="pending", user_id=user_id, minutes_ago=5)
+    await add_generation(sessions, state="complete", chat_id=chat_id, minutes_ago=5)  # finished: not running
+    await add_generation(sessions, state="in_progress", chat_id=other_chat)  # someone else's
+    await check(sessions, limits(running=3), user_id)
+    with pytest.raises(ApiError) as refused:
+        await check(sessions, limits(running=2), user_id)
+    assert refused.value.status_code == 429 and refused.value.code == "too_many_concurrent_generations"
+    assert int(refused.value.headers["Retry-After"]) >= 1
+    await check(sessions, limits(running=2), other_id)
+
+
+async def test_the_rate_limit_counts_the_last_minute_and_says_when_the_next_fits(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    user_id, chat_id = await add_user(sessions)
+    await add_generation(sessions, state="complete", chat_id=chat_id, minutes_ago=3)  # out of the window
+    await add_generation(sessions, state="in_progress", chat_id=chat_id, minutes_ago=2)  # running, not recent
+    await add_generation(sessions, state="complete", chat_id=chat_id, minutes_ago=0.5)
+    await add_generation(sessions, state="failed", user_id=user_id, minutes_ago=0.25)
+    await check(sessions, limits(per_minute=3), user_id)
+    await add_generation(sessions, state="complete", user_id=user_id, minutes_ago=0.1)
+    with pytest.raises(ApiError) as refused:
+        await check(sessions, limits(per_minute=3), user_id)
+    assert refused.value.status_code == 429 and refused.value.code == "rate_limited"
+    # The oldest in the window (30 s ago) leaves it in about 30 s.
+    assert 25 <= int(refused.value.headers["Retry-After"]) <= 35
+    await check(sessions, limits(per_minute=0, running=0), user_id)  # both off: never refused
