@@ -153,18 +153,34 @@ def postgres_url() -> Iterator[str]:
         yield url
 
 
+def delete_redis_prefix(prefix: str) -> None:
+    """Delete every key under ``prefix`` in the local Redis."""
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
+        for i in range(0, len(keys), 500):
+            client.delete(*keys[i : i + 500])
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def fresh_redis_prefix(tag: str = "test") -> Iterator[str]:
+    """A new Redis key prefix for the ``with`` block; every key under it is deleted afterwards."""
+    prefix = f"{tag}:{uuid.uuid4().hex[:10]}:"
+    try:
+        yield prefix
+    finally:
+        delete_redis_prefix(prefix)
+
+
 @pytest.fixture(scope="session")
 def redis_prefix() -> Iterator[str]:
     """A Redis key prefix for this test session; every key under it is deleted at the end."""
-    import redis
-
-    prefix = f"test:{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+    with fresh_redis_prefix() as prefix:
+        yield prefix
 
 
 # ---------------------------------------------------------------- the real CPU backend

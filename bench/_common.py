@@ -41,6 +41,7 @@ from conftest import (  # noqa: E402 - the repository root must be on sys.path f
     WORKER_API_KEY,
     ManagedProcess,
     create_database,
+    delete_redis_prefix,
     drop_database,
     free_port,
     wait_http_ok,
@@ -292,18 +293,7 @@ class BenchRun:
             return None
         prefix = f"bench:{uuid.uuid4().hex[:10]}:"
 
-        def cleanup() -> None:
-            import redis
-
-            client = redis.Redis.from_url(REDIS_URL)
-            try:
-                keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-                for i in range(0, len(keys), 500):
-                    client.delete(*keys[i : i + 500])
-            finally:
-                client.close()
-
-        self._cleanups.append(cleanup)
+        self._cleanups.append(lambda: delete_redis_prefix(prefix))
         return prefix
 
     def start_server(

@@ -148,26 +148,17 @@ async def run(args: argparse.Namespace) -> Report:
         f"{count} prompts, greedy, up to {max_new_tokens} new tokens; one request at a time",
         ["path", "TTFT p50 ms", "TTFT p99 ms", "decode tok/s (median)", "end-to-end tok/s", "tokens"],
     )
-    table.rows.append(
-        [
-            "direct (text-generation client)",
-            ms(d["ttft_p50"]),
-            ms(d["ttft_p99"]),
-            num(d["decode_tokens_per_s"], 1),
-            num(d["e2e_tokens_per_s"], 1),
-            num(d["tokens"]),
-        ]
-    )
-    table.rows.append(
-        [
-            "through server + worker (SSE)",
-            ms(o["ttft_p50"]),
-            ms(o["ttft_p99"]),
-            num(o["decode_tokens_per_s"], 1),
-            num(o["e2e_tokens_per_s"], 1),
-            num(o["tokens"]),
-        ]
-    )
+    for label, path in (("direct (text-generation client)", d), ("through server + worker (SSE)", o)):
+        table.rows.append(
+            [
+                label,
+                ms(path["ttft_p50"]),
+                ms(path["ttft_p99"]),
+                num(path["decode_tokens_per_s"], 1),
+                num(path["e2e_tokens_per_s"], 1),
+                num(path["tokens"]),
+            ]
+        )
     table.rows.append(
         [
             "ours / direct",

@@ -14,13 +14,18 @@ from tests.e2e.chat_api import ChatApi
 pytestmark = pytest.mark.slow
 
 
-def sample(text: str, name: str, **labels: str) -> float:
-    """The value of one sample in Prometheus exposition text (0 if absent)."""
+def sample(text: str, name: str, default: float | None = None, **labels: str) -> float:
+    """The value of one sample in Prometheus exposition text; a missing one fails the test unless a
+    ``default`` is given (for baselines taken before the first event)."""
     pattern = rf"^{re.escape(name)}(\{{[^}}]*\}})? (\S+)$"
-    total = 0.0
+    total, found = 0.0, False
     for match in re.finditer(pattern, text, re.MULTILINE):
         if not labels or all(f'{k}="{v}"' in (match.group(1) or "") for k, v in labels.items()):
             total += float(match.group(2))
+            found = True
+    if not found:
+        assert default is not None, f"{name} {labels} is not exported"
+        return default
     return total
 
 
@@ -42,7 +47,8 @@ def test_metrics_move_after_a_generation(cpu_backend, tmp_path):
 
         server = httpx.get(f"{stack.url}/metrics").text
         for name in ("oasst_server_dispatched_total", "oasst_server_time_to_first_token_seconds_count"):
-            assert sample(server, name, model=model) == sample(server_before, name, model=model) + 1, name
+            before = sample(server_before, name, default=0.0, model=model)
+            assert sample(server, name, model=model) == before + 1, name
         assert sample(server, "oasst_server_tokens_relayed_total", model=model) >= tokens
         assert sample(server, "oasst_server_messages_finished_total", model=model, state="complete") == 1
         assert sample(server, "oasst_server_tokens_per_second_count", model=model) == 1
@@ -51,7 +57,7 @@ def test_metrics_move_after_a_generation(cpu_backend, tmp_path):
         worker = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
         assert sample(worker, "oasst_worker_jobs_total", outcome="complete") == 1
         assert sample(worker, "oasst_worker_tokens_generated_total") > sample(
-            worker_before, "oasst_worker_tokens_generated_total"
+            worker_before, "oasst_worker_tokens_generated_total", default=0.0
         )
         assert sample(worker, "oasst_worker_time_to_first_token_seconds_count") == 1
         assert sample(worker, "oasst_worker_backend_healthy") == 1

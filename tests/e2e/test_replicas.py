@@ -13,7 +13,6 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
-import redis
 
 from conftest import (
     MODEL_NAME,
@@ -22,6 +21,7 @@ from conftest import (
     ManagedProcess,
     free_port,
     fresh_database,
+    fresh_redis_prefix,
     server_env,
     start_process,
     wait_for_model,
@@ -43,13 +43,8 @@ def shared_database() -> Iterator[str]:
 
 @pytest.fixture
 def shared_prefix() -> Iterator[str]:
-    prefix = f"test:replicas:{uuid.uuid4().hex[:10]}:"
-    yield prefix
-    client = redis.Redis.from_url(REDIS_URL)
-    keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-    if keys:
-        client.delete(*keys)
-    client.close()
+    with fresh_redis_prefix("test:replicas") as prefix:
+        yield prefix
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ as well where it is installed.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -272,7 +273,11 @@ def test_the_settings_accept_the_values_the_compose_file_sets(service_name, monk
     read = {names[field]: getattr(settings, field) for field in names}
     for var, value in env.items():
         if value:  # empty means "unset" to these settings
-            assert str(read[var]).lower() == value.lower() or isinstance(read[var], list), (var, read[var])
+            expected = json.loads(value) if isinstance(read[var], list) else value
+            if isinstance(read[var], list):
+                assert read[var] == expected, (var, read[var])
+            else:
+                assert str(read[var]).lower() == value.lower(), (var, read[var])
     if service_name == "server":
         assert settings.environment == "production"
         assert settings.worker_api_keys == [SECRETS["OASST_WORKER_API_KEY"]]

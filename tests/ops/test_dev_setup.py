@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import POSTGRES_ADMIN_DSN, REDIS_URL, admin_sql, free_port
+from conftest import POSTGRES_ADMIN_DSN, REDIS_URL, admin_sql, delete_redis_prefix, free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "full-dev-setup.sh"
@@ -151,13 +151,7 @@ def dev_session(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[DevS
             session.script("stop", timeout=120)
         if mode == "local":
             admin_sql(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-            import redis
-
-            client = redis.Redis.from_url(REDIS_URL)
-            keys = list(client.scan_iter(match=f"{prefix}*", count=1000))
-            if keys:
-                client.delete(*keys)
-            client.close()
+            delete_redis_prefix(prefix)
 
 
 @pytest.mark.slow

@@ -6,14 +6,14 @@ hash, and a lookup by hash stays one indexed query per request.
 
 from __future__ import annotations
 
-import hashlib
 import secrets
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 from sqlalchemy import select, update
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.models import DbApiKey, DbUser, utcnow
+from oasst_inference_server.tokens import hash_secret
 
 API_KEY_PREFIX = "oak-"
 _SHOWN_PREFIX_LENGTH = len(API_KEY_PREFIX) + 8
@@ -24,10 +24,6 @@ def generate_api_key() -> str:
     return API_KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def hash_api_key(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
 def is_api_key(token: str) -> bool:
     return token.startswith(API_KEY_PREFIX)
 
@@ -35,7 +31,7 @@ def is_api_key(token: str) -> bool:
 async def create_api_key(session: AsyncSession, user: DbUser, name: str) -> tuple[DbApiKey, str]:
     """A new key for ``user``: the row (committed) and the key itself, which is not stored."""
     key = generate_api_key()
-    row = DbApiKey(user_id=user.id, name=name, prefix=key[:_SHOWN_PREFIX_LENGTH], key_hash=hash_api_key(key))
+    row = DbApiKey(user_id=user.id, name=name, prefix=key[:_SHOWN_PREFIX_LENGTH], key_hash=hash_secret(key))
     session.add(row)
     await session.commit()
     return row, key
@@ -44,7 +40,7 @@ async def create_api_key(session: AsyncSession, user: DbUser, name: str) -> tupl
 async def authenticate_api_key(session: AsyncSession, key: str) -> tuple[DbUser, DbApiKey] | None:
     """The user and row of a valid, unrevoked key; None otherwise."""
     row = (
-        await session.execute(select(DbApiKey).where(DbApiKey.key_hash == hash_api_key(key)))
+        await session.execute(select(DbApiKey).where(DbApiKey.key_hash == hash_secret(key)))
     ).scalar_one_or_none()
     if row is None or row.revoked_at is not None:
         return None
@@ -52,11 +48,7 @@ async def authenticate_api_key(session: AsyncSession, key: str) -> tuple[DbUser,
     if user is None or user.deleted:
         return None
     now = utcnow()
-    if row.last_used_at is None or now - _aware(row.last_used_at) > _LAST_USED_RESOLUTION:
+    if row.last_used_at is None or now - row.last_used_at > _LAST_USED_RESOLUTION:
         await session.execute(update(DbApiKey).where(DbApiKey.id == row.id).values(last_used_at=now))
         await session.commit()
     return user, row
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

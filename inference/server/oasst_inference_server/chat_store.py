@@ -11,15 +11,14 @@ from sqlalchemy import ColumnElement, and_, delete, func, or_, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.errors import ApiError, not_found
-from oasst_inference_server.message_lifecycle import to_message_read
+from oasst_inference_server.message_lifecycle import ACTIVE_STATES, to_message_read
 from oasst_inference_server.models import DbChat, DbMessage, DbMessageEvaluation, DbReport, DbUser
-from oasst_shared.schemas import ChatListRead, ChatRead, MessageRead, MessageState
+from oasst_shared.schemas import ChatListRead, ChatRead, MessageRead
 
 if TYPE_CHECKING:
     from oasst_inference_server.message_lifecycle import MessageLifecycle
 
 TITLE_LENGTH = 100
-ACTIVE_STATES = (MessageState.pending.value, MessageState.in_progress.value)
 
 
 async def get_own_chat(session: AsyncSession, user: DbUser, chat_id: str) -> DbChat:

@@ -6,7 +6,6 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from loguru import logger
-from sse_starlette import ServerSentEvent
 
 from oasst_inference_server import events
 from oasst_inference_server.broker import Broker, BrokerError, StreamEntry
@@ -87,19 +86,15 @@ async def read_message_events(
 def encode_sse(batch: list[SseEvent]) -> bytes:
     """One batch as server-sent events, ready to write (``\r\n`` line ends, as sse-starlette's).
 
-    Event data is one line of JSON (``json.dumps`` escapes line breaks); anything else goes through
-    sse-starlette's encoder, which splits it into several ``data:`` lines.
+    Event data is always one line: the :mod:`.events` encoders produce compact JSON (``json.dumps``,
+    ``model_dump_json``), which escapes line breaks, so each event is one ``data:`` line.
     """
-    parts: list[bytes] = []
-    for event in batch:
-        data = event["data"]
-        if "\n" in data or "\r" in data:
-            parts.append(ServerSentEvent(**event).encode())  # type: ignore[arg-type]
-            continue
-        event_id = event.get("id")
-        head = f"id: {event_id}\r\n" if event_id is not None else ""
-        parts.append(f"{head}data: {data}\r\n\r\n".encode())
-    return b"".join(parts)
+    return "".join(
+        f"id: {event['id']}\r\ndata: {event['data']}\r\n\r\n"
+        if "id" in event
+        else f"data: {event['data']}\r\n\r\n"
+        for event in batch
+    ).encode()
 
 
 def _up_to_terminal(entries: list[StreamEntry]) -> tuple[list[SseEvent], bool]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 from sqlalchemy import func, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server.chat_store import count_chat_messages
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.models import DbMessage
 from oasst_inference_server.settings import Settings
@@ -27,8 +28,7 @@ def check_message_length(settings: Settings, content: str) -> None:
 
 
 async def check_chat_capacity(session: AsyncSession, settings: Settings, chat_id: str) -> None:
-    count = (await session.execute(select(func.count()).where(DbMessage.chat_id == chat_id))).scalar_one()
-    if int(count) >= settings.max_messages_per_chat:
+    if await count_chat_messages(session, chat_id) >= settings.max_messages_per_chat:
         raise ApiError(
             409,
             "chat_full",

@@ -140,44 +140,42 @@ async def stream_answer(
                 out: list[str] = []
                 for event in batch:
                     kind = event["event_type"]
-                    if kind == "pending":
-                        out.append(_PENDING_COMMENT)
-                    elif kind == "token":
+                    if kind == "token":
                         sent_text = True
                         out.append(chunks.text(event["text"]))
-                    elif kind == "retry" and sent_text:
-                        out.append(
-                            error_chunk(
-                                f"the worker generating this answer was lost ({event.get('reason')}); "
-                                "the text already sent cannot be taken back: retry the request",
-                                "worker_lost",
-                            )
-                        )
-                        out.append(DONE)
-                        yield "".join(out)
-                        return  # not finished: settle() cancels the regeneration nobody would read
-                    elif kind == "message":
-                        finished = True
-                        final = MessageRead.model_validate(event["message"])
-                        out.append(chunks.finish(openai_finish_reason(final.finish_reason)))
-                        if include_usage:
-                            out.append(
-                                chunks.usage(UsageInfo.of(final.prompt_tokens, final.generated_tokens))
-                            )
-                        out.append(DONE)
-                        yield "".join(out)
-                        return
-                    elif kind == "error":
-                        finished = True
-                        failure = generation_failure(event)
-                        out.append(error_chunk(failure.detail, failure.code))
-                        out.append(DONE)
-                        yield "".join(out)
+                    elif kind == "pending":
+                        out.append(_PENDING_COMMENT)
+                    elif kind in ("message", "error") or (kind == "retry" and sent_text):
+                        # A retry after text was sent is not finished: settle() cancels the
+                        # regeneration nobody would read.
+                        finished = kind != "retry"
+                        yield "".join([*out, *_closing_chunks(event, chunks, include_usage), DONE])
                         return
                 if out:
                     yield "".join(out)
     finally:
         await service.settle(message, finished)
+
+
+def _closing_chunks(event: dict[str, Any], chunks: _Chunks, include_usage: bool) -> list[str]:
+    """The chunks that end a stream (before ``[DONE]``) for a terminal event, or a retry after text."""
+    kind = event["event_type"]
+    if kind == "message":
+        final = MessageRead.model_validate(event["message"])
+        closing = [chunks.finish(openai_finish_reason(final.finish_reason))]
+        if include_usage:
+            closing.append(chunks.usage(UsageInfo.of(final.prompt_tokens, final.generated_tokens)))
+        return closing
+    if kind == "error":
+        failure = generation_failure(event)
+        return [error_chunk(failure.detail, failure.code)]
+    return [
+        error_chunk(
+            f"the worker generating this answer was lost ({event.get('reason')}); "
+            "the text already sent cannot be taken back: retry the request",
+            "worker_lost",
+        )
+    ]
 
 
 class OpenAIStreamResponse(StreamingResponse):

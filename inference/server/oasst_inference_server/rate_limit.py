@@ -12,15 +12,15 @@ belong to the user through their chat.
 from __future__ import annotations
 
 import math
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timedelta
 
 from sqlalchemy import ColumnElement, Select, and_, func, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.errors import ApiError
+from oasst_inference_server.message_lifecycle import ACTIVE_STATES
 from oasst_inference_server.models import DbChat, DbMessage, utcnow
 from oasst_inference_server.settings import Settings
-from oasst_shared.schemas import MessageState
 
 WINDOW = timedelta(minutes=1)
 _CONCURRENCY_RETRY_AFTER = 2  # seconds: a generation slot frees when any of the user's answers ends
@@ -47,7 +47,7 @@ async def _count(session: AsyncSession, user_id: str, condition: ColumnElement[b
 async def check_generation_limits(session: AsyncSession, settings: Settings, user_id: str) -> None:
     """Raise a 429 ``ApiError`` with ``Retry-After`` if the user may not start another generation now."""
     if settings.max_concurrent_generations_per_user:
-        active = DbMessage.state.in_((MessageState.pending.value, MessageState.in_progress.value))
+        active = DbMessage.state.in_(ACTIVE_STATES)
         running = await _count(session, user_id, active)
         if running >= settings.max_concurrent_generations_per_user:
             raise ApiError(
@@ -70,7 +70,7 @@ async def check_generation_limits(session: AsyncSession, settings: Settings, use
         if len(recent) >= limit:
             recent.sort()
             # Once the oldest requests leave the window, one more fits.
-            frees_at = _aware(recent[len(recent) - limit]) + WINDOW
+            frees_at = recent[len(recent) - limit] + WINDOW
             retry_after = max(1, math.ceil((frees_at - now).total_seconds()))
             raise ApiError(
                 429,
@@ -78,7 +78,3 @@ async def check_generation_limits(session: AsyncSession, settings: Settings, use
                 f"rate limit reached: {limit} generations per minute; retry in {retry_after}s",
                 {"Retry-After": str(retry_after)},
             )
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)

@@ -40,7 +40,6 @@ class TokenRelay:
         self._idle.set()
         self._room = asyncio.Event()
         self._room.set()
-        self.batches = 0  # writes made, for tests and metrics
         self.lost = 0  # tokens a broker error kept from live readers
 
     async def add(self, message_id: str, text: str) -> None:
@@ -69,7 +68,6 @@ class TokenRelay:
                 self._idle.set()
 
     async def _write(self, batch: list[tuple[str, str]]) -> None:
-        self.batches += 1
         try:
             await self._broker.append_events(batch)
         except BrokerError as exc:

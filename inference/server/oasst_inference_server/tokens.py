@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 
 from loguru import logger
 from sqlalchemy import ColumnElement, select, update
@@ -32,10 +32,6 @@ _WWW = {"WWW-Authenticate": "Bearer"}
 
 def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
-
-
-def _aware(moment: datetime) -> datetime:
-    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
 def _new_refresh_row(settings: Settings, user_id: str, family_id: str) -> tuple[str, DbRefreshToken]:
@@ -79,7 +75,7 @@ async def refresh(session: AsyncSession, settings: Settings, presented: str) -> 
     if row.used_at is not None:
         await _reuse_detected(session, user_id, family_id)
     now = utcnow()
-    if _aware(row.expires_at) <= now:
+    if row.expires_at <= now:
         raise ApiError(401, "refresh_token_expired", "refresh token expired: log in again", _WWW)
     user = await session.get(DbUser, row.user_id)
     if user is None or user.deleted:

@@ -255,7 +255,6 @@ class WorkerConnection:
             await self._relay.add(token.message_id, token.text)
 
     async def _on_pong(self, pong: Pong) -> None:
-        self._last_pong = time.monotonic()
         was_healthy = self.backend_healthy
         self.backend_healthy = pong.backend_healthy
         if self.backend_healthy != was_healthy:

@@ -120,10 +120,13 @@ def test_a_cancel_that_loses_the_race_says_so(session: ChatSession, fake_server:
     fake_server.cancel_status = 409  # the answer finished between the Ctrl-C and the cancel
     with pytest.raises(KeyboardInterrupt):
         session.ask("one", InterruptingSink())
-    finished_id = session.current[1] if session.current else None
     out = io.StringIO()
     note = Repl(session, out)._cancel()
     assert note == "[interrupted; the answer had already finished]"
+    # The message the cancel hit, as the server has it (not taken from the client under test).
+    assert len(fake_server.cancelled) == 1
+    finished_id = fake_server.cancelled[0]
+    assert fake_server.messages[finished_id]["state"] == "complete"
     assert session.last_cancelled is not None and session.last_cancelled.state == "complete"
     # The whole answer carries the next turn.
     session.ask("two", RecordingSink())

@@ -16,7 +16,7 @@ from oasst_worker.settings import WorkerSettings
 
 async def _main(settings: WorkerSettings) -> int:
     model_config = settings.resolve_model_config()
-    backend = create_backend(settings)
+    backend = create_backend(settings, model_config)
     client = WorkerClient(settings, backend, model_config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -39,7 +39,7 @@ def main() -> None:
     if settings.metrics_port:
         start_http_server(
             settings.metrics_port,
-            addr="127.0.0.1" if settings.metrics_host is None else settings.metrics_host,
+            addr=settings.metrics_host,
         )
         logger.info("metrics on :{}/metrics", settings.metrics_port)
     sys.exit(asyncio.run(_main(settings)))

@@ -194,18 +194,14 @@ class WorkerClient:
     def _start_job(self, work: Work | EmbedWork) -> None:
         if self.free_slots <= 0 or work.message_id in self._jobs:
             reason = "worker is draining" if self._draining else "no free slot"
-            asyncio.create_task(
-                self._send(WorkerError(message_id=work.message_id, error=reason, retryable=True))
-            )
+            self._refuse(work.message_id, reason, retryable=True)
             return
         job: Job | EmbeddingJob
         if isinstance(work, EmbedWork) != (self._config.kind == "embedding"):
             # A routing mistake of the server: this worker will never be able to do it.
             wanted = "embedding" if isinstance(work, EmbedWork) else "generation"
             error = f"worker serves the {self._config.kind} model {self._config.name}, not {wanted} work"
-            asyncio.create_task(
-                self._send(WorkerError(message_id=work.message_id, error=error, retryable=False))
-            )
+            self._refuse(work.message_id, error, retryable=False)
             return
         if isinstance(work, EmbedWork):
             job = EmbeddingJob(work, backend=self._backend)
@@ -213,6 +209,15 @@ class WorkerClient:
             job = Job(work, backend=self._backend, prompts=self._prompts, model_config=self._config)
         task = asyncio.create_task(self._run_job(job))
         self._jobs[work.message_id] = (job, task)
+
+    def _refuse(self, message_id: str, error: str, *, retryable: bool) -> None:
+        """Answer work this worker will not run; in the background, as frames are read in order."""
+
+        async def send() -> None:
+            with contextlib.suppress(ConnectionClosed):  # the server releases the work anyway
+                await self._send(WorkerError(message_id=message_id, error=error, retryable=retryable))
+
+        asyncio.create_task(send())
 
     async def _run_job(self, job: Job | EmbeddingJob) -> None:
         message_id = job.work.message_id

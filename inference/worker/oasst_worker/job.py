@@ -36,7 +36,6 @@ class Job:
 
     async def run(self, send: Send) -> None:
         metrics.IN_FLIGHT.inc()
-        self._started = time.monotonic()
         try:
             outcome = await self._run(send)
         finally:

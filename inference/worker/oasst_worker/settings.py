@@ -60,7 +60,7 @@ class WorkerSettings(BaseSettings):
     reconnect_max_delay: float = Field(default=30.0, gt=0)
     log_level: str = "INFO"
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Serve /metrics on this port")
-    metrics_host: str | None = Field(default=None, description="Address for /metrics (default 127.0.0.1)")
+    metrics_host: str = Field(default="127.0.0.1", description="Address for /metrics")
 
     @model_validator(mode="after")
     def _embedding_model_by_default(self) -> WorkerSettings:

@@ -5,8 +5,6 @@ Managing keys needs the user's access token; a key cannot create or revoke keys.
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Response
 from sqlalchemy import func, select
 
@@ -14,20 +12,17 @@ from oasst_inference_server.api_key_store import create_api_key
 from oasst_inference_server.deps import CurrentUser, SessionDep
 from oasst_inference_server.errors import ApiError, not_found
 from oasst_inference_server.models import DbApiKey, utcnow
+from oasst_inference_server.routes.responses import AUTH, error
 from oasst_shared.schemas import (
     ApiKeyCreated,
     ApiKeyRead,
     CreateApiKeyRequest,
-    ErrorBody,
     ListApiKeysResponse,
 )
 
 router = APIRouter(prefix="/api_keys", tags=["api keys"])
 
 MAX_ACTIVE_KEYS = 50
-_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "Not authenticated"}
-}
 
 
 def to_api_key_read(row: DbApiKey) -> ApiKeyRead:
@@ -45,7 +40,7 @@ def to_api_key_read(row: DbApiKey) -> ApiKeyRead:
     "",
     response_model=ApiKeyCreated,
     status_code=201,
-    responses={**_AUTH_ERRORS, 409: {"model": ErrorBody, "description": "Too many active keys"}},
+    responses={**AUTH, 409: error("Too many active keys")},
 )
 async def create_key(body: CreateApiKeyRequest, user: CurrentUser, session: SessionDep) -> ApiKeyCreated:
     """Create a key. The response carries the key itself, once: only its hash is stored."""
@@ -60,7 +55,7 @@ async def create_key(body: CreateApiKeyRequest, user: CurrentUser, session: Sess
     return ApiKeyCreated(**to_api_key_read(row).model_dump(), key=key)
 
 
-@router.get("", response_model=ListApiKeysResponse, responses=_AUTH_ERRORS)
+@router.get("", response_model=ListApiKeysResponse, responses=AUTH)
 async def list_keys(user: CurrentUser, session: SessionDep) -> ListApiKeysResponse:
     """The user's keys, newest first, revoked ones included (their usage stays theirs)."""
     rows = (
@@ -74,7 +69,7 @@ async def list_keys(user: CurrentUser, session: SessionDep) -> ListApiKeysRespon
 @router.delete(
     "/{key_id}",
     status_code=204,
-    responses={**_AUTH_ERRORS, 404: {"model": ErrorBody, "description": "No such key for this user"}},
+    responses={**AUTH, 404: error("No such key for this user")},
 )
 async def revoke_key(key_id: str, user: CurrentUser, session: SessionDep) -> Response:
     """Revoke a key at once; requests with it get 401 from now on."""

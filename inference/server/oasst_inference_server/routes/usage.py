@@ -6,7 +6,7 @@ figures hold across replicas and include requests whose client went away mid-str
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Query
 from sqlalchemy import func, select
@@ -15,10 +15,10 @@ from oasst_inference_server.deps import ApiCaller, SessionDep
 from oasst_inference_server.errors import not_found
 from oasst_inference_server.models import DbApiKey, DbChat, DbMessage
 from oasst_inference_server.openai_service import API_KINDS
+from oasst_inference_server.routes.responses import AUTH, error
 from oasst_shared.schemas import (
     ApiKeyUsage,
     ApiRequestRead,
-    ErrorBody,
     ListApiRequestsResponse,
     MessageState,
     UsageRead,
@@ -26,10 +26,6 @@ from oasst_shared.schemas import (
 )
 
 router = APIRouter(prefix="/usage", tags=["usage"])
-
-_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorBody, "description": "Not authenticated"}
-}
 
 
 def _totals(requests: int | None, prompt: int | None, completion: int | None) -> UsageTotals:
@@ -55,7 +51,7 @@ _SUMS = (
 )
 
 
-@router.get("", response_model=UsageRead, responses=_AUTH_ERRORS)
+@router.get("", response_model=UsageRead, responses=AUTH)
 async def usage(caller: ApiCaller, session: SessionDep) -> UsageRead:
     """Generations (chat answers, completions, embeddings) and their tokens, per API key and in total."""
     user_id = caller.user.id
@@ -117,7 +113,7 @@ def _request_read(m: DbMessage) -> ApiRequestRead:
     )
 
 
-@router.get("/requests", response_model=ListApiRequestsResponse, responses=_AUTH_ERRORS)
+@router.get("/requests", response_model=ListApiRequestsResponse, responses=AUTH)
 async def list_requests(
     caller: ApiCaller,
     session: SessionDep,
@@ -135,7 +131,7 @@ async def list_requests(
 @router.get(
     "/requests/{request_id}",
     response_model=ApiRequestRead,
-    responses={**_AUTH_ERRORS, 404: {"model": ErrorBody, "description": "No such request for this user"}},
+    responses={**AUTH, 404: error("No such request for this user")},
 )
 async def get_request(request_id: str, caller: ApiCaller, session: SessionDep) -> ApiRequestRead:
     """One API request by its id (the ``X-Request-Id`` header, or a completion id without its prefix)."""

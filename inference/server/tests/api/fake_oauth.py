@@ -31,6 +31,7 @@ class FakeProvider:
     redirects: dict[str, str] = field(default_factory=dict)  # code -> redirect_uri
     next_identity: dict[str, Any] = field(default_factory=lambda: {"id": 1, "login": "octocat"})
     token_requests: int = 0
+    discord_grant_types: list[str | None] = field(default_factory=list)
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -44,15 +45,11 @@ class FakeProvider:
             query = urlencode({"code": code, "state": params["state"]})
             return RedirectResponse(f"{params['redirect_uri']}?{query}", status_code=302)
 
-        def exchange(
-            code: str,
-            redirect_uri: str | None,
-            basic: str | None,
-            form_id: str | None,
-            form_secret: str | None,
-        ):
+        def exchange(data: dict[str, str], basic: str | None):
+            """A token request (form ``data``, the ``Authorization`` header): (body, None) or (None, error)."""
             self.token_requests += 1
-            client = (form_id, form_secret)
+            code, redirect_uri = data.get("code", ""), data.get("redirect_uri")
+            client = (data.get("client_id"), data.get("client_secret"))
             if basic and basic.lower().startswith("basic "):
                 client = tuple(base64.b64decode(basic[6:]).decode().split(":", 1))  # type: ignore[assignment]
             if client != (CLIENT_ID, CLIENT_SECRET):
@@ -77,28 +74,17 @@ class FakeProvider:
 
         @app.post("/github/login/oauth/access_token")
         async def github_token(request: Request):
-            data = await form(request)
-            body, err = exchange(
-                data.get("code", ""),
-                data.get("redirect_uri"),
-                request.headers.get("authorization"),
-                data.get("client_id"),
-                data.get("client_secret"),
-            )
+            body, err = exchange(await form(request), request.headers.get("authorization"))
             # GitHub answers 200 with an error field.
             return body or {"error": "bad_verification_code" if err == "invalid_grant" else err}
 
         @app.post("/discord/api/oauth2/token")
         async def discord_token(request: Request):
             data = await form(request)
-            assert data.get("grant_type") == "authorization_code"
-            body, err = exchange(
-                data.get("code", ""),
-                data.get("redirect_uri"),
-                request.headers.get("authorization"),
-                data.get("client_id"),
-                data.get("client_secret"),
-            )
+            self.discord_grant_types.append(data.get("grant_type"))
+            if data.get("grant_type") != "authorization_code":
+                return JSONResponse({"error": "unsupported_grant_type"}, status_code=400)
+            body, err = exchange(data, request.headers.get("authorization"))
             return body or JSONResponse({"error": err}, status_code=400)
 
         @app.get("/github/api/user")

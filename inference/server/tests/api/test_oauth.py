@@ -58,6 +58,8 @@ async def test_sign_in_with_a_provider(client, fake_provider, provider, identity
     assert check["display_name"] == expected_name
     account = (await client.get("/account", headers=headers)).json()
     assert account["provider"] == provider and account["provider_account_id"] == str(identity["id"])
+    if provider == "discord":  # Discord refuses a token request without its grant type
+        assert fake_provider.discord_grant_types[-1] == "authorization_code"
     # The refresh token works like any other.
     refreshed = await client.post(
         "/auth/refresh", json={"refresh_token": tokens["refresh_token"]["access_token"]}

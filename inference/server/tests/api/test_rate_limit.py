@@ -21,7 +21,7 @@ from oasst_inference_server.rate_limit import check_generation_limits
 from oasst_inference_server.settings import Settings
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
 async def sessions(
     request: pytest.FixtureRequest, tmp_path: Path
 ) -> AsyncIterator[async_sessionmaker[AsyncSession]]:

@@ -11,7 +11,6 @@ import asyncio
 import os
 import subprocess
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlmodel import SQLModel
 
-from conftest import POSTGRES_ADMIN_DSN, _admin, free_port, fresh_database
+from conftest import free_port, fresh_database
 from oasst_inference_server import models  # noqa: F401 - registers the tables
 from oasst_inference_server.migrations import (
     INITIAL_REVISION,
@@ -50,19 +49,8 @@ async def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncI
     if request.param == "sqlite":
         yield f"sqlite+aiosqlite:///{tmp_path}/migrations.db"
         return
-    async with postgres_database() as url:
+    with fresh_database("oasst_mig") as url:
         yield url
-
-
-class postgres_database:  # noqa: N801 - used like a function
-    async def __aenter__(self) -> str:
-        self.name = f"oasst_mig_{uuid.uuid4().hex[:10]}"
-        await _admin(f'CREATE DATABASE "{self.name}"')
-        base = POSTGRES_ADMIN_DSN.rsplit("/", 1)[0]
-        return f"{base}/{self.name}".replace("postgresql://", "postgresql+asyncpg://", 1)
-
-    async def __aexit__(self, *_: object) -> None:
-        await _admin(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 
 
 async def alembic(engine: AsyncEngine, action: Callable[..., Any], *args: Any) -> None:
@@ -108,7 +96,8 @@ async def test_upgrade_from_empty(database_url):
     try:
         assert await upgrade_to_head(engine) == head_revision()
         assert await table_names(engine) == set(SQLModel.metadata.tables) | {"alembic_version"}
-        assert await schema_diff(engine) == []
+        diff = await schema_diff(engine)
+        assert diff == [], f"run `alembic revision --autogenerate`; the models differ: {diff}"
         # Running it again (another replica, a restart) changes nothing.
         assert await upgrade_to_head(engine) == head_revision()
     finally:
@@ -181,20 +170,8 @@ async def test_a_database_from_before_migrations_is_stamped_and_upgraded(databas
 
 
 @pytest.mark.postgres
-async def test_models_and_migrations_agree_on_postgres():
-    async with postgres_database() as url:
-        engine = create_async_engine(url)
-        try:
-            await upgrade_to_head(engine)
-            diff = await schema_diff(engine)
-            assert diff == [], f"run `alembic revision --autogenerate`; the models differ: {diff}"
-        finally:
-            await engine.dispose()
-
-
-@pytest.mark.postgres
 async def test_replicas_starting_together_upgrade_once():
-    async with postgres_database() as url:
+    with fresh_database("oasst_mig") as url:
         engines = [create_async_engine(url) for _ in range(3)]
         try:
             revisions = await asyncio.gather(*(upgrade_to_head(e) for e in engines))

@@ -2,11 +2,13 @@ from __future__ import annotations
 
 from loguru import logger
 
+from oasst_shared.model_configs import ModelConfig
 from oasst_worker.backends.base import Backend
 from oasst_worker.settings import WorkerSettings
 
 
-def create_backend(settings: WorkerSettings) -> Backend:
+def create_backend(settings: WorkerSettings, config: ModelConfig) -> Backend:
+    """The backend the settings choose, for the model config the worker serves."""
     if settings.backend_kind == "tgi":
         from oasst_worker.backends.tgi import TgiBackend
 
@@ -18,7 +20,6 @@ def create_backend(settings: WorkerSettings) -> Backend:
     if settings.backend_kind == "openai":
         from oasst_worker.backends.openai import OpenAiBackend
 
-        config = settings.resolve_model_config()
         if settings.openai_mode == "completions" and config.chat_template_source == "backend":
             logger.warning(
                 "model config {}: OpenAI-compatible servers do not expose their chat template, so prompts "

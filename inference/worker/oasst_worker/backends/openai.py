@@ -77,12 +77,8 @@ def finish_reason(choice: dict[str, Any], stops_sent: bool) -> FinishReason:
     nothing (the llama.cpp servers) get "stop_sequence" when the request had stop sequences.
     """
     reason = choice.get("finish_reason")
-    if reason == "length":
-        return "length"
-    if reason == "eos_token":
-        return "eos_token"
-    if reason == "stop_sequence":
-        return "stop_sequence"
+    if reason in ("length", "eos_token", "stop_sequence"):
+        return reason
     for key in ("stop_reason", "matched_stop"):
         if key in choice:
             return "stop_sequence" if isinstance(choice[key], str) else "eos_token"
@@ -268,7 +264,6 @@ class OpenAiBackend(Backend):
         response: httpx.Response | None = None
         events: AsyncGenerator[dict[str, Any], None] | None = None
         texts: list[str] = []
-        chunks = 0
         final: dict[str, Any] | None = None
         usage: dict[str, Any] = {}
         try:
@@ -294,7 +289,6 @@ class OpenAiBackend(Backend):
                 for choice in chunk.get("choices") or []:
                     text = _choice_text(choice, chat)
                     if text:
-                        chunks += 1
                         texts.append(text)
                         yield StreamedToken(text=text)
                     if choice.get("finish_reason"):
@@ -317,7 +311,7 @@ class OpenAiBackend(Backend):
             text="".join(texts),
             finish_reason=finish_reason(final, stops_sent),
             # Without usage, one streamed chunk per token is what these servers send.
-            generated_tokens=completion_tokens if isinstance(completion_tokens, int) else chunks,
+            generated_tokens=completion_tokens if isinstance(completion_tokens, int) else len(texts),
             prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
         )
 
