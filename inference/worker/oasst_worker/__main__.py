@@ -9,8 +9,8 @@ import sys
 from loguru import logger
 from prometheus_client import start_http_server
 
-from oasst_worker.backends import create_backend
-from oasst_worker.client import FatalWorkerError, WorkerClient
+from oasst_worker.backends.factory import create_backend
+from oasst_worker.connection.client import FatalWorkerError, WorkerClient
 from oasst_worker.settings import WorkerSettings
 
 

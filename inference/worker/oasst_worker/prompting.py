@@ -9,7 +9,7 @@ from loguru import logger
 from oasst_shared.chat_template import CHATML_TEMPLATE, approximate_token_count, render_truncated
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import ChatTurn, Work
-from oasst_worker.backends import Backend
+from oasst_worker.backends.base import Backend
 
 
 @dataclass(frozen=True)

@@ -14,9 +14,10 @@ from pydantic import BaseModel
 
 from oasst_shared.model_configs import MINILM_EMBEDDING, SMOLLM2_135M
 from oasst_shared.protocol import Embeddings, EmbedWork, Work, WorkerError, dump_frame
-from oasst_worker.backends import Backend, BackendError, BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.client import FatalWorkerError, WorkerClient
-from oasst_worker.embedding import EmbeddingJob, SentenceEncoder, bundled_model_path
+from oasst_worker.backends.base import Backend, BackendError, BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.backends.sentence_encoder import SentenceEncoder, bundled_model_path
+from oasst_worker.connection.client import FatalWorkerError, WorkerClient
+from oasst_worker.jobs.embedding import EmbeddingJob
 from oasst_worker.settings import WorkerSettings
 
 

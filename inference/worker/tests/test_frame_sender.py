@@ -17,8 +17,8 @@ from oasst_shared.protocol import (
     TokenBatch,
     parse_worker_frame,
 )
-from oasst_worker import frame_sender
-from oasst_worker.frame_sender import FrameSender
+from oasst_worker.connection import frame_sender
+from oasst_worker.connection.frame_sender import FrameSender
 
 
 class GatedSocket:

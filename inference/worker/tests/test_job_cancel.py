@@ -17,8 +17,8 @@ from pydantic import BaseModel
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import ChatTurn, GeneratedText, Token, Work
 from oasst_shared.sampling import SamplingParameters
-from oasst_worker.backends import Backend, BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.job import Job
+from oasst_worker.backends.base import Backend, BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.jobs.generation import Job
 from oasst_worker.prompting import PromptBuilder
 
 CONFIG = SMOLLM2_135M.model_copy(update={"chat_template_source": "chatml"})

@@ -36,7 +36,7 @@ def create_backend(settings: WorkerSettings, config: ModelConfig) -> Backend:
             generation_timeout=settings.backend_generation_timeout,
         )
     if settings.backend_kind == "embedding":
-        from oasst_worker.embedding import SentenceEncoder
+        from oasst_worker.backends.sentence_encoder import SentenceEncoder
 
         return SentenceEncoder(settings.embedding_model_path, device=settings.embedding_device)
     raise ValueError(f"unknown backend kind {settings.backend_kind!r}")

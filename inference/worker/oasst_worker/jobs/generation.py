@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
 from contextlib import aclosing
 
 from loguru import logger
-from pydantic import BaseModel
 
 from oasst_shared.chat_template import ChatTemplateError
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import GeneratedText, Token, Work, WorkerError
 from oasst_shared.stop_sequences import StopSequenceFilter
 from oasst_worker import metrics
-from oasst_worker.backends import Backend, BackendError, GenerationResult
+from oasst_worker.backends.base import Backend, BackendError, GenerationResult
+from oasst_worker.jobs.base import Send
 from oasst_worker.prompting import PromptBuilder
-
-Send = Callable[[BaseModel], Awaitable[None]]
 
 
 class Job:

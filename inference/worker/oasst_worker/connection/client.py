@@ -37,10 +37,10 @@ from oasst_shared.protocol import (
     parse_server_frame,
 )
 from oasst_worker import metrics
-from oasst_worker.backends import Backend, BackendError
-from oasst_worker.embedding import EmbeddingJob
-from oasst_worker.frame_sender import FrameSender
-from oasst_worker.job import Job
+from oasst_worker.backends.base import Backend, BackendError
+from oasst_worker.connection.frame_sender import FrameSender
+from oasst_worker.jobs.embedding import EmbeddingJob
+from oasst_worker.jobs.generation import Job
 from oasst_worker.prompting import PromptBuilder
 from oasst_worker.settings import WorkerSettings
 

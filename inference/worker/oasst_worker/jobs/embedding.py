@@ -1,0 +1,39 @@
+"""The embedding job: answers one :class:`EmbedWork` with one :class:`Embeddings` frame."""
+
+from __future__ import annotations
+
+import asyncio
+
+from loguru import logger
+
+from oasst_shared.protocol import Embeddings, EmbedWork, WorkerError
+from oasst_worker.backends.base import Backend, BackendError
+from oasst_worker.jobs.base import Send
+
+
+class EmbeddingJob:
+    """Embed the inputs of one EmbedWork; like :class:`oasst_worker.job.Job` for the client."""
+
+    def __init__(self, work: EmbedWork, *, backend: Backend):
+        self.work = work
+        self._backend = backend
+        self.cancel_requested = False
+
+    async def run(self, send: Send) -> None:
+        message_id = self.work.message_id
+        try:
+            result = await self._backend.embed(list(self.work.inputs))
+        except asyncio.CancelledError:
+            if not self.cancel_requested:
+                raise
+            # The server finishes a cancelled message itself when the worker lets go of it.
+            await send(WorkerError(message_id=message_id, error="cancelled", retryable=False))
+            return
+        except BackendError as exc:
+            logger.warning("message {}: embedding failed: {}", message_id, exc)
+            await send(WorkerError(message_id=message_id, error=str(exc), retryable=exc.retryable))
+            return
+        logger.info("message {}: embedded {} inputs", message_id, len(result.vectors))
+        await send(
+            Embeddings(message_id=message_id, embeddings=result.vectors, prompt_tokens=result.prompt_tokens)
+        )
