@@ -9,7 +9,7 @@ from loguru import logger
 from oasst_shared.chat_template import CHATML_TEMPLATE, approximate_token_count, render_truncated
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import ChatTurn, Work
-from oasst_worker.backends.base import Backend
+from oasst_worker.backends.protocols import GenerationBackend
 
 
 @dataclass(frozen=True)
@@ -21,7 +21,7 @@ class Prompt:
 
 
 class PromptBuilder:
-    def __init__(self, model_config: ModelConfig, backend: Backend):
+    def __init__(self, model_config: ModelConfig, backend: GenerationBackend):
         self._config = model_config
         self._backend = backend
         self.template = model_config.chat_template or CHATML_TEMPLATE

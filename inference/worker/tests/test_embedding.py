@@ -14,10 +14,13 @@ from pydantic import BaseModel
 
 from oasst_shared.model_configs import MINILM_EMBEDDING, SMOLLM2_135M
 from oasst_shared.protocol import Embeddings, EmbedWork, Work, WorkerError, dump_frame
-from oasst_worker.backends.base import Backend, BackendError, BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.backends.protocols import EmbeddingBackend, GenerationBackend
+from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
 from oasst_worker.backends.sentence_encoder import SentenceEncoder, bundled_model_path
-from oasst_worker.connection.client import FatalWorkerError, WorkerClient
-from oasst_worker.jobs.embedding import EmbeddingJob
+from oasst_worker.connection.client import WorkerClient
+from oasst_worker.connection.errors import FatalWorkerError
+from oasst_worker.jobs.embedding import EmbeddingJob, EmbeddingJobFactory
+from oasst_worker.jobs.generation import GenerationJobFactory
 from oasst_worker.settings import WorkerSettings
 
 
@@ -51,7 +54,7 @@ def test_the_bundled_model_is_found_without_importing_its_package() -> None:
 
 async def test_vectors_have_the_models_dimension_and_unit_length(encoder: SentenceEncoder) -> None:
     result = await encoder.embed(["The cat sits on the mat.", "", "ünïcödé ✓"])
-    assert encoder.dimension == 384
+    assert encoder.dimension == 384 and await encoder.healthy()
     assert [len(v) for v in result.vectors] == [384, 384, 384]
     for vector in result.vectors:
         assert math.isclose(math.sqrt(sum(x * x for x in vector)), 1.0, rel_tol=1e-4)
@@ -82,7 +85,6 @@ async def test_prompt_tokens_are_counted_with_the_models_tokenizer(encoder: Sent
     # [CLS] hello world [SEP]: the tokens the model ran over, special ones included.
     assert (await encoder.embed(["hello world"])).prompt_tokens == 4
     assert (await encoder.embed(["hello world", "a"])).prompt_tokens == 4 + 3
-    assert await encoder.count_tokens("hello world") == 4
     # Longer inputs are truncated to the model's 256-token window, and counted as such.
     assert (await encoder.embed(["word " * 1000])).prompt_tokens == 256
 
@@ -98,17 +100,7 @@ async def test_the_job_answers_with_one_embeddings_frame(encoder: SentenceEncode
     assert Embeddings.model_validate_json(dump_frame(frame)) == frame
 
 
-async def test_an_encoder_does_not_generate(encoder: SentenceEncoder) -> None:
-    with pytest.raises(BackendError, match="does not generate") as refused:
-        async for _ in encoder.generate_stream(
-            "hi", SMOLLM2_135M.parameter_configs[0].sampling_parameters, 4
-        ):
-            pass
-    assert not refused.value.retryable
-    assert await encoder.healthy()
-
-
-class GenerationOnly(Backend):
+class GenerationOnly(GenerationBackend):
     async def info(self) -> BackendInfo:
         return BackendInfo()
 
@@ -123,13 +115,10 @@ class GenerationOnly(Backend):
         yield GenerationResult("x", "length", 1)
 
 
-async def test_a_generation_backend_refuses_embedding_work() -> None:
-    frames = Frames()
-    await EmbeddingJob(embed_work("x"), backend=GenerationOnly()).run(frames)
-    assert frames.sent == [WorkerError(message_id="m1", error="this backend serves no embedding model")]
+class SlowEncoder(EmbeddingBackend):
+    async def healthy(self) -> bool:
+        return True
 
-
-class SlowEncoder(GenerationOnly):
     async def embed(self, inputs: list[str]) -> Any:
         await asyncio.sleep(30)
 
@@ -150,7 +139,9 @@ async def test_a_model_that_cannot_load_stops_the_worker(tmp_path: Any) -> None:
     with pytest.raises(BackendError, match="no embedding model folder") as failed:
         await broken.healthy()
     assert not failed.value.retryable
-    client = WorkerClient(WorkerSettings(backend_kind="embedding"), broken, MINILM_EMBEDDING)
+    client = WorkerClient(
+        WorkerSettings(backend_kind="embedding"), EmbeddingJobFactory(broken, MINILM_EMBEDDING)
+    )
     with pytest.raises(FatalWorkerError, match="no embedding model folder"):
         await client.run()
 
@@ -173,7 +164,7 @@ async def dispatch(client: WorkerClient, frame: BaseModel) -> list[BaseModel]:
     """Hand the client one server frame as if it came off the socket; return what it sends back."""
     frames = Frames()
     client._send = frames  # type: ignore[method-assign]  # the socket edge
-    client._backend_healthy = True
+    client._health.healthy = True
     await client._handle(dump_frame(frame))
     for _ in range(200):
         if frames.sent:
@@ -183,7 +174,7 @@ async def dispatch(client: WorkerClient, frame: BaseModel) -> list[BaseModel]:
 
 
 async def test_a_generation_worker_answers_embed_work_with_a_final_error() -> None:
-    client = WorkerClient(WorkerSettings(), GenerationOnly(), SMOLLM2_135M)
+    client = WorkerClient(WorkerSettings(), GenerationJobFactory(GenerationOnly(), SMOLLM2_135M))
     [error] = await dispatch(client, embed_work("x"))
     assert isinstance(error, WorkerError) and error.message_id == "m1" and not error.retryable
     assert "not embedding work" in error.error
@@ -192,7 +183,9 @@ async def test_a_generation_worker_answers_embed_work_with_a_final_error() -> No
 async def test_an_embedding_worker_answers_generation_work_with_a_final_error(
     encoder: SentenceEncoder,
 ) -> None:
-    client = WorkerClient(WorkerSettings(backend_kind="embedding"), encoder, MINILM_EMBEDDING)
+    client = WorkerClient(
+        WorkerSettings(backend_kind="embedding"), EmbeddingJobFactory(encoder, MINILM_EMBEDDING)
+    )
     work = Work(
         message_id="g1", model_config_name=MINILM_EMBEDDING.name, thread=[{"role": "user", "content": "hi"}]
     )
@@ -202,6 +195,8 @@ async def test_an_embedding_worker_answers_generation_work_with_a_final_error(
 
 
 async def test_an_embedding_worker_embeds(encoder: SentenceEncoder) -> None:
-    client = WorkerClient(WorkerSettings(backend_kind="embedding"), encoder, MINILM_EMBEDDING)
+    client = WorkerClient(
+        WorkerSettings(backend_kind="embedding"), EmbeddingJobFactory(encoder, MINILM_EMBEDDING)
+    )
     [frame] = await dispatch(client, embed_work("a", "b"))
     assert isinstance(frame, Embeddings) and len(frame.embeddings) == 2 and frame.prompt_tokens == 6

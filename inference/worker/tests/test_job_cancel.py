@@ -17,14 +17,15 @@ from pydantic import BaseModel
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import ChatTurn, GeneratedText, Token, Work
 from oasst_shared.sampling import SamplingParameters
-from oasst_worker.backends.base import Backend, BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.jobs.generation import Job
+from oasst_worker.backends.protocols import GenerationBackend
+from oasst_worker.backends.records import BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.jobs.generation import GenerationJob
 from oasst_worker.prompting import PromptBuilder
 
 CONFIG = SMOLLM2_135M.model_copy(update={"chat_template_source": "chatml"})
 
 
-class Counting(Backend):
+class Counting(GenerationBackend):
     """Yields "t0", "t1", ... every few milliseconds, up to max_new_tokens."""
 
     def __init__(self) -> None:
@@ -48,7 +49,7 @@ class Counting(Backend):
 
 
 class Frames:
-    def __init__(self, job: Job | None = None, cancel_after: int | None = None) -> None:
+    def __init__(self, job: GenerationJob | None = None, cancel_after: int | None = None) -> None:
         self.sent: list[BaseModel] = []
         self.job = job
         self.cancel_after = cancel_after
@@ -60,14 +61,14 @@ class Frames:
             self.job.cancel_requested = True  # the cancel arrived; its task.cancel() was lost
 
 
-def job_for(backend: Backend, max_new_tokens: int = 200) -> Job:
+def job_for(backend: GenerationBackend, max_new_tokens: int = 200) -> GenerationJob:
     work = Work(
         message_id="m1",
         model_config_name=CONFIG.name,
         thread=[ChatTurn(role="user", content="count")],
         sampling_parameters=SamplingParameters(max_new_tokens=max_new_tokens),
     )
-    return Job(work, backend=backend, prompts=PromptBuilder(CONFIG, backend), model_config=CONFIG)
+    return GenerationJob(work, backend=backend, prompts=PromptBuilder(CONFIG, backend), model_config=CONFIG)
 
 
 async def test_a_cancel_whose_task_cancellation_was_lost_still_stops_the_job() -> None:

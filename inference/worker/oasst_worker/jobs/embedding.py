@@ -6,21 +6,36 @@ import asyncio
 
 from loguru import logger
 
-from oasst_shared.protocol import Embeddings, EmbedWork, WorkerError
-from oasst_worker.backends.base import Backend, BackendError
-from oasst_worker.jobs.base import Send
+from oasst_shared.model_configs import ModelConfig
+from oasst_shared.protocol import Embeddings, EmbedWork, Work, WorkerError
+from oasst_worker.backends.protocols import EmbeddingBackend
+from oasst_worker.backends.records import BackendError
+from oasst_worker.jobs.base import Send, WrongKindOfWork
+
+
+class EmbeddingJobFactory:
+    def __init__(self, backend: EmbeddingBackend, model_config: ModelConfig):
+        self.backend = backend
+        self.model_config = model_config
+
+    async def prepare(self) -> None:
+        return None  # an encoder has no prompt template to resolve
+
+    def create(self, work: Work | EmbedWork) -> EmbeddingJob:
+        if not isinstance(work, EmbedWork):
+            raise WrongKindOfWork(self.model_config, work)
+        return EmbeddingJob(work, backend=self.backend)
 
 
 class EmbeddingJob:
-    """Embed the inputs of one EmbedWork; like :class:`oasst_worker.job.Job` for the client."""
-
-    def __init__(self, work: EmbedWork, *, backend: Backend):
+    def __init__(self, work: EmbedWork, *, backend: EmbeddingBackend):
         self.work = work
         self._backend = backend
         self.cancel_requested = False
 
     async def run(self, send: Send) -> None:
         message_id = self.work.message_id
+        logger.info("message {}: embedding (attempt {})", message_id, self.work.attempt)
         try:
             result = await self._backend.embed(list(self.work.inputs))
         except asyncio.CancelledError:

@@ -1,4 +1,4 @@
-"""Run one job: build the prompt, stream from the backend, report tokens and the result."""
+"""The generation job: builds the prompt, streams from the backend, sends tokens and the result."""
 
 from __future__ import annotations
 
@@ -10,16 +10,38 @@ from loguru import logger
 
 from oasst_shared.chat_template import ChatTemplateError
 from oasst_shared.model_configs import ModelConfig
-from oasst_shared.protocol import GeneratedText, Token, Work, WorkerError
+from oasst_shared.protocol import EmbedWork, GeneratedText, Token, Work, WorkerError
 from oasst_shared.stop_sequences import StopSequenceFilter
 from oasst_worker import metrics
-from oasst_worker.backends.base import Backend, BackendError, GenerationResult
-from oasst_worker.jobs.base import Send
+from oasst_worker.backends.protocols import GenerationBackend
+from oasst_worker.backends.records import BackendError, GenerationResult
+from oasst_worker.jobs.base import Send, WrongKindOfWork
 from oasst_worker.prompting import PromptBuilder
 
 
-class Job:
-    def __init__(self, work: Work, *, backend: Backend, prompts: PromptBuilder, model_config: ModelConfig):
+class GenerationJobFactory:
+    """Generation jobs for one model config, sharing one prompt builder."""
+
+    def __init__(self, backend: GenerationBackend, model_config: ModelConfig):
+        self.backend = backend
+        self.model_config = model_config
+        self._prompts = PromptBuilder(model_config, backend)
+
+    async def prepare(self) -> None:
+        await self._prompts.prepare()
+
+    def create(self, work: Work | EmbedWork) -> GenerationJob:
+        if not isinstance(work, Work):
+            raise WrongKindOfWork(self.model_config, work)
+        return GenerationJob(
+            work, backend=self.backend, prompts=self._prompts, model_config=self.model_config
+        )
+
+
+class GenerationJob:
+    def __init__(
+        self, work: Work, *, backend: GenerationBackend, prompts: PromptBuilder, model_config: ModelConfig
+    ):
         self.work = work
         self._backend = backend
         self._prompts = prompts
@@ -32,6 +54,7 @@ class Job:
         self._first_token_at: float | None = None
 
     async def run(self, send: Send) -> None:
+        logger.info("message {}: generating (attempt {})", self.work.message_id, self.work.attempt)
         metrics.IN_FLIGHT.inc()
         try:
             outcome = await self._run(send)

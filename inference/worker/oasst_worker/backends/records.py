@@ -1,0 +1,56 @@
+"""What backend adapters yield, return and raise: stream items, results, backend info, :class:`BackendError`.
+
+Frozen dataclasses rather than pydantic models: a :class:`StreamedToken` is built for every generated token,
+and these values never leave the worker process (the frames built from them are oasst_shared's models).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oasst_shared.protocol import FinishReason
+
+
+class BackendError(Exception):
+    """A backend failed; ``retryable`` says whether another worker (or a later try) may succeed."""
+
+    def __init__(self, message: str, *, retryable: bool):
+        super().__init__(message)
+        self.retryable = retryable
+
+
+@dataclass(frozen=True)
+class StreamedToken:
+    text: str
+    token_id: int | None = None
+    logprob: float | None = None
+    special: bool = False
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """The last item of a generation stream."""
+
+    text: str
+    finish_reason: FinishReason
+    generated_tokens: int
+    # The backend's own count of the prompt, where it reports one (OpenAI usage).
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class EmbeddingResult:
+    vectors: list[list[float]]
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class BackendInfo:
+    """What a generation backend tells about its model; None for what it does not tell."""
+
+    model_id: str | None = None
+    chat_template: str | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    max_input_length: int | None = None
+    max_total_tokens: int | None = None

@@ -1,0 +1,65 @@
+"""Opening a connection to the server: the URL and headers, the worker's first frame, and the refusals
+that reconnecting cannot mend."""
+
+from __future__ import annotations
+
+import os
+
+from websockets.asyncio.client import ClientConnection, connect
+from websockets.exceptions import InvalidStatus, InvalidURI
+
+from oasst_shared.model_configs import ModelConfig
+from oasst_shared.protocol import (
+    API_KEY_HEADER,
+    CLOSE_UNSUPPORTED_PROTOCOL,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_HEADER,
+    Hardware,
+    WorkerInfo,
+)
+from oasst_worker.connection.errors import FatalWorkerError
+from oasst_worker.settings import WorkerSettings
+
+WORKER_VERSION = "0.1.0"
+
+
+def work_url(settings: WorkerSettings) -> str:
+    return settings.server_url.rstrip("/") + "/workers/work"
+
+
+async def open_connection(settings: WorkerSettings) -> ClientConnection:
+    url = work_url(settings)
+    headers = {API_KEY_HEADER: settings.api_key, PROTOCOL_VERSION_HEADER: str(PROTOCOL_VERSION)}
+    try:
+        return await connect(
+            url,
+            additional_headers=headers,
+            ping_interval=None,  # the protocol has its own pings
+            open_timeout=10,
+            compression=None,  # frames are tiny: deflate costs CPU per token and saves nothing
+        )
+    except InvalidStatus as exc:
+        if exc.response.status_code in (401, 403):
+            raise FatalWorkerError(
+                f"the server refused the worker API key (HTTP {exc.response.status_code})"
+            ) from None
+        raise
+    except InvalidURI as exc:
+        raise FatalWorkerError(f"invalid server URL {url!r}: {exc}") from None
+
+
+def worker_info(settings: WorkerSettings, model_config: ModelConfig) -> WorkerInfo:
+    """The first frame on every connection: what this worker serves and how much at once."""
+    return WorkerInfo(
+        model_config=model_config,
+        max_parallel_requests=settings.max_parallel_requests,
+        backend_kind=settings.backend_kind,
+        worker_version=WORKER_VERSION,
+        hardware=Hardware(cpu_count=os.cpu_count()),
+    )
+
+
+def raise_if_refused(ws: ClientConnection) -> None:
+    """After the connection closed: a server that does not speak our protocol version is fatal."""
+    if ws.close_code == CLOSE_UNSUPPORTED_PROTOCOL:
+        raise FatalWorkerError(f"the server refused protocol version {PROTOCOL_VERSION}: {ws.close_reason}")
