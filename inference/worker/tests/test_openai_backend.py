@@ -15,13 +15,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from conftest import free_port
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import ChatTurn, Work
 from oasst_shared.sampling import SamplingParameters
-from oasst_worker.backends.openai import OpenAiBackend, finish_reason, openai_parameters
+from oasst_worker.backends.openai import OpenAiBackend, finish_reason, openai_parameters, status_error
+from oasst_worker.backends.openai_wire import ChunkChoice, CompletionChunk, ServedModel, ServedModelList
 from oasst_worker.backends.records import BackendError, GenerationResult, StreamedToken
 from oasst_worker.prompting import PromptBuilder
 from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
@@ -97,7 +99,34 @@ def test_sampling_parameters_map_onto_the_openai_fields() -> None:
     ],
 )
 def test_finish_reasons(choice: dict[str, Any], stops_sent: bool, expected: str) -> None:
-    assert finish_reason(choice, stops_sent) == expected
+    assert finish_reason(ChunkChoice.model_validate(choice), stops_sent) == expected
+
+
+@pytest.mark.parametrize(
+    ("body", "detail"),
+    [
+        ({"error": {"message": "bad prompt", "type": "invalid_request_error", "code": 400}}, "bad prompt"),
+        ({"error": "plain text"}, "plain text"),
+        ({"detail": "Not Found"}, "Not Found"),  # FastAPI-style servers
+        ({"object": "error", "message": "top level", "code": 400}, "top level"),  # vLLM
+    ],
+)
+def test_error_bodies_of_every_shape_give_their_message(body: dict[str, Any], detail: str) -> None:
+    error = status_error(httpx.Response(400, json=body))
+    assert str(error) == f"the backend answered HTTP 400: {detail}" and not error.retryable
+
+
+def test_fields_of_an_unexpected_type_read_as_absent() -> None:
+    chunk = CompletionChunk.model_validate(
+        {"choices": [{"text": 5, "delta": "x", "finish_reason": None}], "usage": "n/a"}
+    )
+    assert chunk.usage is None and not chunk.is_error
+    assert (
+        chunk.choices is not None
+        and chunk.choices[0].content(chat=False) == chunk.choices[0].content(chat=True) == ""
+    )
+    models = ServedModelList.model_validate({"data": [{"id": "m", "max_model_len": "big"}, "junk"]})
+    assert models.models == [ServedModel(id="m")]
 
 
 # ---------------------------------------------------------------- the real server

@@ -24,9 +24,18 @@ from typing import Any, Literal, TypeVar
 
 import httpx
 from loguru import logger
+from pydantic import ValidationError
 
 from oasst_shared.protocol import ChatTurn, FinishReason
 from oasst_shared.sampling import SamplingParameters
+from oasst_worker.backends.openai_wire import (
+    ChunkChoice,
+    ChunkUsage,
+    CompletionChunk,
+    ErrorBody,
+    ServedModelList,
+    TokenizeAnswer,
+)
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
 
@@ -70,19 +79,28 @@ def openai_parameters(params: SamplingParameters, max_new_tokens: int) -> dict[s
     return body
 
 
-def finish_reason(choice: dict[str, Any], stops_sent: bool) -> FinishReason:
+_OWN_FINISH_REASONS: dict[str, FinishReason] = {
+    "length": "length",
+    "eos_token": "eos_token",
+    "stop_sequence": "stop_sequence",
+}
+
+
+def finish_reason(choice: ChunkChoice, stops_sent: bool) -> FinishReason:
     """Map an OpenAI ``finish_reason`` ("stop" or "length") onto ours.
 
     "stop" is ambiguous: vLLM says what stopped it in ``stop_reason`` (a string: a stop sequence; a token
     id or null: end of sequence), SGLang in ``matched_stop``, TGI uses its own reasons. Servers that say
     nothing (the llama.cpp servers) get "stop_sequence" when the request had stop sequences.
     """
-    reason = choice.get("finish_reason")
-    if reason in ("length", "eos_token", "stop_sequence"):
-        return reason
-    for key in ("stop_reason", "matched_stop"):
-        if key in choice:
-            return "stop_sequence" if isinstance(choice[key], str) else "eos_token"
+    own = _OWN_FINISH_REASONS.get(choice.finish_reason or "")
+    if own is not None:
+        return own
+    sent = choice.model_fields_set
+    if "stop_reason" in sent:
+        return "stop_sequence" if isinstance(choice.stop_reason, str) else "eos_token"
+    if "matched_stop" in sent:
+        return "stop_sequence" if isinstance(choice.matched_stop, str) else "eos_token"
     return "stop_sequence" if stops_sent else "eos_token"
 
 
@@ -94,17 +112,10 @@ def _base_url(url: str) -> str:
 
 def _error_detail(response: httpx.Response) -> str:
     try:
-        body = response.json()
-    except ValueError:
+        cause = ErrorBody.model_validate_json(response.content).cause
+    except ValidationError:  # not JSON, or not an object
         return response.text[:300] or response.reason_phrase
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict):
-            return str(error.get("message") or error.get("detail") or error)[:300]
-        if error:
-            return str(error)[:300]
-        return str(body.get("message") or body.get("detail") or body)[:300]
-    return str(body)[:300]
+    return (cause if isinstance(cause, str) else cause.describe())[:300]
 
 
 def status_error(response: httpx.Response) -> BackendError:
@@ -115,22 +126,20 @@ def status_error(response: httpx.Response) -> BackendError:
     )
 
 
-def _stream_error(chunk: dict[str, Any]) -> BackendError:
+def _stream_error(chunk: CompletionChunk) -> BackendError:
     # vLLM and others report a failure inside an already started stream as a data event.
-    error = chunk.get("error", chunk)
-    if not isinstance(error, dict):
-        return BackendError(f"the backend failed mid-stream: {error}", retryable=True)
-    code = error.get("code")
-    bad_request = code in _NOT_RETRYABLE_STATUS or error.get("type") in (
+    cause = chunk.cause
+    if isinstance(cause, str):
+        return BackendError(f"the backend failed mid-stream: {cause}", retryable=True)
+    bad_request = (isinstance(cause.code, int) and cause.code in _NOT_RETRYABLE_STATUS) or cause.type in (
         "invalid_request_error",
         "BadRequestError",
     )
-    message = error.get("message") or error
-    return BackendError(f"the backend failed mid-stream: {message}", retryable=not bad_request)
+    return BackendError(f"the backend failed mid-stream: {cause.describe()}", retryable=not bad_request)
 
 
-async def _sse_data(response: httpx.Response) -> AsyncGenerator[dict[str, Any], None]:
-    """The JSON payloads of a server-sent event stream, up to ``data: [DONE]``."""
+async def _sse_data(response: httpx.Response) -> AsyncGenerator[CompletionChunk, None]:
+    """The chunks of a server-sent event stream, up to ``data: [DONE]``."""
     async for line in response.aiter_lines():
         if not line.startswith("data:"):
             continue  # blank separators, comments (keep-alive pings), event names
@@ -143,9 +152,12 @@ async def _sse_data(response: httpx.Response) -> AsyncGenerator[dict[str, Any], 
             chunk = json.loads(payload)
         except ValueError:
             raise BackendError(f"the backend sent malformed JSON: {payload[:200]}", retryable=True) from None
-        if not isinstance(chunk, dict):
-            raise BackendError(f"the backend sent an unexpected event: {payload[:200]}", retryable=True)
-        yield chunk
+        try:
+            yield CompletionChunk.model_validate(chunk)
+        except ValidationError:  # not an object, or choices that are not
+            raise BackendError(
+                f"the backend sent an unexpected event: {payload[:200]}", retryable=True
+            ) from None
 
 
 class OpenAiBackend(GenerationBackend):
@@ -183,23 +195,21 @@ class OpenAiBackend(GenerationBackend):
         if response.status_code != 200:
             raise status_error(response)
         try:
-            models = [m for m in response.json().get("data", []) if isinstance(m, dict)]
-        except (ValueError, AttributeError):
+            models = ServedModelList.model_validate_json(response.content).models
+        except ValidationError:
             raise BackendError("backend /v1/models sent no model list", retryable=True) from None
-        entry = next((m for m in models if m.get("id") == self._model), None)
+        entry = next((m for m in models if m.id == self._model), None)
         if entry is None and models:
             logger.warning(
                 "the backend serves {} but the worker asks for {!r} (set OASST_WORKER_BACKEND_MODEL)",
-                [m.get("id") for m in models],
+                [m.id for m in models],
                 self._model,
             )
             entry = models[0] if len(models) == 1 else None
-        max_model_len = entry.get("max_model_len") if entry else None
         # No OpenAI-compatible server exposes its chat template: see the module docstring.
-        return BackendInfo(
-            model_id=entry.get("id") if entry else self._model,
-            max_total_tokens=max_model_len if isinstance(max_model_len, int) else None,
-        )
+        if entry is None:
+            return BackendInfo(model_id=self._model)
+        return BackendInfo(model_id=entry.id, max_total_tokens=entry.max_model_len)
 
     async def healthy(self) -> bool:
         paths = [self._health_path] if self._health_path else ["/health", "/v1/models"]
@@ -261,10 +271,10 @@ class OpenAiBackend(GenerationBackend):
         deadline = asyncio.get_running_loop().time() + self._generation_timeout
         stops_sent = bool(body.get("stop"))
         response: httpx.Response | None = None
-        events: AsyncGenerator[dict[str, Any], None] | None = None
+        events: AsyncGenerator[CompletionChunk, None] | None = None
         texts: list[str] = []
-        final: dict[str, Any] | None = None
-        usage: dict[str, Any] = {}
+        final: ChunkChoice | None = None
+        usage = ChunkUsage()
         try:
             request = self._http.build_request("POST", path, json=body)
             response = await self._within(self._http.send(request, stream=True), deadline)
@@ -281,16 +291,16 @@ class OpenAiBackend(GenerationBackend):
                     if final is not None:
                         break  # the answer is complete; only the usage or [DONE] did not come
                     raise
-                if "error" in chunk or chunk.get("object") == "error":
+                if chunk.is_error:
                     raise _stream_error(chunk)
-                if isinstance(chunk.get("usage"), dict):
-                    usage = chunk["usage"]
-                for choice in chunk.get("choices") or []:
-                    text = _choice_text(choice, chat)
+                if chunk.usage is not None:
+                    usage = chunk.usage
+                for choice in chunk.choices or []:
+                    text = choice.content(chat)
                     if text:
                         texts.append(text)
                         yield StreamedToken(text=text)
-                    if choice.get("finish_reason"):
+                    if choice.finish_reason:
                         final = choice
         except httpx.TransportError as exc:
             raise BackendError(
@@ -304,14 +314,13 @@ class OpenAiBackend(GenerationBackend):
                 await response.aclose()
         if final is None:
             raise BackendError("the backend stream ended without a finish reason", retryable=True)
-        completion_tokens = usage.get("completion_tokens")
-        prompt_tokens = usage.get("prompt_tokens")
+        completion_tokens = usage.completion_tokens
         yield GenerationResult(
             text="".join(texts),
             finish_reason=finish_reason(final, stops_sent),
             # Without usage, one streamed chunk per token is what these servers send.
-            generated_tokens=completion_tokens if isinstance(completion_tokens, int) else len(texts),
-            prompt_tokens=prompt_tokens if isinstance(prompt_tokens, int) else None,
+            generated_tokens=completion_tokens if completion_tokens is not None else len(texts),
+            prompt_tokens=usage.prompt_tokens,
         )
 
     async def _within(self, awaitable: Awaitable[T], deadline: float) -> T:
@@ -332,26 +341,10 @@ class OpenAiBackend(GenerationBackend):
         await self._http.aclose()
 
 
-def _choice_text(choice: dict[str, Any], chat: bool) -> str:
-    if chat:
-        delta = choice.get("delta") or {}
-        content = delta.get("content") if isinstance(delta, dict) else None
-    else:
-        content = choice.get("text")
-    return content if isinstance(content, str) else ""
-
-
 def _token_count(response: httpx.Response) -> int | None:
     if response.status_code != 200:
         return None
     try:
-        data = response.json()
-    except ValueError:
+        return TokenizeAnswer.model_validate_json(response.content).token_count
+    except ValidationError:  # not JSON, or not an object
         return None
-    if not isinstance(data, dict):
-        return None
-    if isinstance(data.get("count"), int):
-        return int(data["count"])
-    if isinstance(data.get("tokens"), list):
-        return len(data["tokens"])
-    return None

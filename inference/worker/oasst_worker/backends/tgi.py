@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import httpx
+from pydantic import BaseModel, ConfigDict, ValidationError
 from text_generation import AsyncClient
 from text_generation import errors as tgi_errors
 
@@ -48,6 +49,30 @@ def tgi_parameters(params: SamplingParameters, max_new_tokens: int) -> dict[str,
     }
 
 
+class TgiInfo(BaseModel):
+    """The fields of TGI's ``GET /info`` the worker reads (the bundled CPU backend sends them too)."""
+
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+    model_id: str | None = None
+    chat_template: str | None = None
+    bos_token: str | None = None
+    eos_token: str | None = None
+    max_input_length: int | None = None
+    max_input_tokens: int | None = None  # what newer TGI releases call max_input_length
+    max_total_tokens: int | None = None
+
+    def to_backend_info(self) -> BackendInfo:
+        return BackendInfo(
+            model_id=self.model_id,
+            chat_template=self.chat_template,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            max_input_length=self.max_input_length or self.max_input_tokens,
+            max_total_tokens=self.max_total_tokens,
+        )
+
+
 class TgiBackend(GenerationBackend):
     def __init__(self, base_url: str, *, token_timeout: float, generation_timeout: float):
         self._base_url = base_url.rstrip("/")
@@ -60,17 +85,9 @@ class TgiBackend(GenerationBackend):
         try:
             response = await self._http.get("/info")
             response.raise_for_status()
-            data = response.json()
-        except (httpx.HTTPError, ValueError) as exc:
+            return TgiInfo.model_validate_json(response.content).to_backend_info()
+        except (httpx.HTTPError, ValidationError) as exc:
             raise BackendError(f"backend /info failed: {exc}", retryable=True) from None
-        return BackendInfo(
-            model_id=data.get("model_id"),
-            chat_template=data.get("chat_template"),
-            bos_token=data.get("bos_token"),
-            eos_token=data.get("eos_token"),
-            max_input_length=data.get("max_input_length") or data.get("max_input_tokens"),
-            max_total_tokens=data.get("max_total_tokens"),
-        )
 
     async def healthy(self) -> bool:
         try:
