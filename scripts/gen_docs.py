@@ -195,35 +195,6 @@ SETTINGS_NOTES: dict[str, str] = {
     "oasst_inference_server.settings:Settings.auth_discord_api_base_url": "Discord's API (changed only for "
     "tests).",
     "oasst_inference_server.settings:Settings.max_messages_per_chat": "Messages one chat may hold.",
-    "oasst_worker.settings:WorkerSettings.backend_model": "openai only: the model name the backend serves "
-    "(default: the model config's `model_id`).",
-    "oasst_worker.settings:WorkerSettings.openai_mode": "openai only: `completions` sends the prompt the "
-    "worker rendered; `chat` sends the conversation to /v1/chat/completions.",
-    "oasst_worker.settings:WorkerSettings.embedding_device": "embedding only: the torch device.",
-    "oasst_worker.settings:WorkerSettings.api_key": "One of the server's `OASST_SERVER_WORKER_API_KEYS`.",
-    "oasst_worker.settings:WorkerSettings.backend_kind": "The backend adapter; `tgi` speaks to "
-    "text-generation-inference and to the bundled CPU backend.",
-    "oasst_worker.settings:WorkerSettings.backend_url": "Base URL of the text-generation backend.",
-    "oasst_worker.settings:WorkerSettings.model_config_name": "A model config known to `oasst_shared` "
-    "(ignored when `OASST_WORKER_MODEL_CONFIG_JSON` is set).",
-    "oasst_worker.settings:WorkerSettings.max_parallel_requests": "Jobs this worker runs at once.",
-    "oasst_worker.settings:WorkerSettings.backend_health_interval": "Seconds between backend health "
-    "checks; while unhealthy the worker takes no work.",
-    "oasst_worker.settings:WorkerSettings.reconnect_min_delay": "First delay before reconnecting to the "
-    "server; doubles up to the maximum.",
-    "oasst_worker.settings:WorkerSettings.reconnect_max_delay": "Longest delay between reconnects.",
-    "oasst_worker.settings:WorkerSettings.log_level": "DEBUG, INFO, WARNING or ERROR.",
-    "oasst_cpu_backend.settings:Settings.host": "Address to listen on.",
-    "oasst_cpu_backend.settings:Settings.port": "Port to listen on (0: any free port).",
-    "oasst_cpu_backend.settings:Settings.model_id": "The model id reported by `/info`.",
-    "oasst_cpu_backend.settings:Settings.n_ctx": "Context window in tokens (prompt plus answer).",
-    "oasst_cpu_backend.settings:Settings.n_batch": "llama.cpp batch size for prompt evaluation.",
-    "oasst_cpu_backend.settings:Settings.max_stop_sequences": "Most stop sequences one request may have.",
-    "oasst_cpu_backend.settings:Settings.max_top_n_tokens": "Most alternatives per token a request may ask for.",
-    "oasst_cpu_backend.settings:Settings.log_level": "DEBUG, INFO, WARNING or ERROR.",
-    "oasst_cpu_backend.settings:Settings.access_log": "Log every HTTP request.",
-    "oasst_cpu_backend.settings:Settings.graceful_shutdown_seconds": "On SIGTERM, how long running "
-    "requests may finish.",
 }
 
 # Defaults computed from the machine: the doc says how, not what this machine gave.

