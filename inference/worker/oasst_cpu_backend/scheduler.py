@@ -15,8 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 from loguru import logger
 
+from oasst_cpu_backend.engine import ModelEngine
 from oasst_cpu_backend.metrics import BackendMetrics
-from oasst_cpu_backend.model import GenerationJob, GenerationResult, ModelEngine, Step
+from oasst_cpu_backend.records import EngineRequest, EngineResult, Step
 
 
 class OverloadedError(Exception):
@@ -30,7 +31,7 @@ class ShuttingDownError(OverloadedError):
 class Ticket:
     """A submitted generation: its result future and, when streaming, its steps as they come."""
 
-    def __init__(self, request_id: int, job: GenerationJob, stream: bool) -> None:
+    def __init__(self, request_id: int, job: EngineRequest, stream: bool) -> None:
         self.request_id = request_id
         self.job = job
         self.steps: asyncio.Queue[Step | None] | None = asyncio.Queue() if stream else None
@@ -38,8 +39,8 @@ class Ticket:
         self.cancel_reason: str | None = None
         self.expired = False
         self._cancel = threading.Event()
-        self._work: concurrent.futures.Future[GenerationResult] | None = None
-        self.future: asyncio.Future[GenerationResult]
+        self._work: concurrent.futures.Future[EngineResult] | None = None
+        self.future: asyncio.Future[EngineResult]
 
     def cancel(self, reason: str) -> None:
         """Stop the generation within one token; a request still waiting is dropped from the queue at once,
@@ -75,7 +76,7 @@ class Scheduler:
     def admitted(self) -> int:
         return len(self._tickets)
 
-    def submit(self, job: GenerationJob, *, stream: bool) -> Ticket:
+    def submit(self, job: EngineRequest, *, stream: bool) -> Ticket:
         """Queue a generation. Must be called from the event loop."""
         if self._closed:
             raise ShuttingDownError("Model is not available: the server is shutting down")
@@ -93,11 +94,11 @@ class Scheduler:
             if steps is not None:
                 loop.call_soon_threadsafe(steps.put_nowait, step)
 
-        def run() -> GenerationResult:
+        def run() -> EngineResult:
             ticket.started.set()
             self._metrics.queue_size.dec()
             if ticket.is_cancelled():
-                return GenerationResult(
+                return EngineResult(
                     status="queue_timeout" if ticket.expired else "cancelled",
                     prompt_tokens=len(job.prompt_tokens),
                     finished_at=time.monotonic(),
@@ -149,7 +150,7 @@ class Scheduler:
             return
         self._record(ticket, future.result())
 
-    def _record(self, ticket: Ticket, result: GenerationResult) -> None:
+    def _record(self, ticket: Ticket, result: EngineResult) -> None:
         job, metrics = ticket.job, self._metrics
         outcome = "success" if result.status == "finished" else result.status
         metrics.requests.labels(outcome=outcome).inc()

@@ -10,7 +10,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-FinishReason = Literal["length", "eos_token", "stop_sequence"]
+from oasst_cpu_backend.records import FinishReason
+
 ErrorType = Literal["validation", "generation", "overloaded", "incomplete_generation"]
 
 

@@ -10,8 +10,6 @@ from typing import Generic, TypeVar
 
 from oasst_shared.stop_sequences import StopSequenceFilter
 
-__all__ = ["StopSequenceFilter", "TokenHoldback"]
-
 T = TypeVar("T")
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-from oasst_cpu_backend.model import GenerationJob, Sampling
+from oasst_cpu_backend.records import EngineRequest, Sampling
 from oasst_cpu_backend.schemas import GenerateParameters
 
 
@@ -105,7 +105,7 @@ def to_sampling(params: GenerateParameters, gbnf: str | None) -> Sampling:
     )
 
 
-def build_job(
+def build_request(
     params: GenerateParameters,
     prompt_tokens: list[int],
     limits: Limits,
@@ -114,7 +114,7 @@ def build_job(
     enqueued_at: float,
     queue_deadline: float,
     deadline: float,
-) -> GenerationJob:
+) -> EngineRequest:
     """Truncate the prompt and check it fits the context together with max_new_tokens."""
     if params.truncate is not None:
         # TGI keeps the end of the input: the newest text matters most.
@@ -134,7 +134,7 @@ def build_job(
             f"`inputs` tokens + `max_new_tokens` must be <= {limits.n_ctx}. "
             f"Given: {input_length} `inputs` tokens and {max_new_tokens} `max_new_tokens`"
         )
-    return GenerationJob(
+    return EngineRequest(
         prompt_tokens=prompt_tokens,
         max_new_tokens=max_new_tokens,
         sampling=to_sampling(params, gbnf),

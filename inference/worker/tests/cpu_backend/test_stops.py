@@ -6,7 +6,8 @@ import random
 
 import pytest
 
-from oasst_cpu_backend.stops import StopSequenceFilter, TokenHoldback
+from oasst_cpu_backend.stops import TokenHoldback
+from oasst_shared.stop_sequences import StopSequenceFilter
 
 
 def run(stops: list[str], pieces: list[str]) -> tuple[list[tuple[int, str]], str, bool]:

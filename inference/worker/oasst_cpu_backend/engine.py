@@ -1,4 +1,4 @@
-"""The model: one llama.cpp context, loaded once, generating one request at a time.
+"""The engine: one llama.cpp context, loaded once, generating one request at a time.
 
 Everything here is synchronous and meant to run in the scheduler's single generation thread, except
 tokenize/detokenize helpers, which only read the vocabulary and are safe from any thread.
@@ -10,92 +10,20 @@ import codecs
 import ctypes
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import llama_cpp
 import numpy as np
 from llama_cpp import Llama, LlamaGrammar
 from loguru import logger
 
+from oasst_cpu_backend.records import EngineRequest, EngineResult, FinishReason, Step, Summary, TokenOut
 from oasst_cpu_backend.stops import TokenHoldback
-
-FinishReason = Literal["length", "eos_token", "stop_sequence"]
-Status = Literal["finished", "cancelled", "timeout", "queue_timeout"]
 
 # llama.cpp treats this seed value as "pick a random seed".
 _LLAMA_RANDOM_SEED = 0xFFFFFFFF
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """Sampling as llama.cpp understands it; temperature 0 means greedy."""
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    typical_p: float = 1.0
-    repetition_penalty: float = 1.0
-    frequency_penalty: float = 0.0
-    seed: int | None = None
-    grammar: str | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-
-@dataclass(frozen=True)
-class GenerationJob:
-    prompt_tokens: list[int]
-    max_new_tokens: int
-    sampling: Sampling
-    stop: list[str] = field(default_factory=list)
-    top_n_tokens: int = 0
-    # time.monotonic() values
-    enqueued_at: float = 0.0
-    queue_deadline: float = float("inf")
-    deadline: float = float("inf")
-
-
-@dataclass(frozen=True)
-class TokenOut:
-    id: int
-    text: str
-    logprob: float | None
-    special: bool
-
-
-@dataclass(frozen=True)
-class Summary:
-    finish_reason: FinishReason
-    generated_tokens: int
-    generated_text: str
-    seed: int | None
-
-
-@dataclass(frozen=True)
-class Step:
-    """One streamed token; the last one of a finished generation carries the summary."""
-
-    token: TokenOut
-    top_tokens: list[TokenOut] | None
-    summary: Summary | None = None
-
-
-@dataclass
-class GenerationResult:
-    status: Status
-    steps: list[Step] = field(default_factory=list)
-    summary: Summary | None = None
-    generated_tokens: int = 0
-    prompt_tokens: int = 0
-    reused_prompt_tokens: int = 0
-    started_at: float | None = None
-    first_token_at: float | None = None
-    finished_at: float = 0.0
-
 
 StepCallback = Callable[[Step], None]
 
@@ -182,11 +110,11 @@ class ModelEngine:
 
     def generate(
         self,
-        job: GenerationJob,
+        job: EngineRequest,
         is_cancelled: Callable[[], bool],
         on_step: StepCallback | None = None,
-    ) -> GenerationResult:
-        result = GenerationResult(status="finished", prompt_tokens=len(job.prompt_tokens))
+    ) -> EngineResult:
+        result = EngineResult(status="finished", prompt_tokens=len(job.prompt_tokens))
         result.started_at = time.monotonic()
         if result.started_at > min(job.queue_deadline, job.deadline):
             result.status = "queue_timeout"
@@ -211,7 +139,7 @@ class ModelEngine:
         result.finished_at = time.monotonic()
         return result
 
-    def _prefill(self, job: GenerationJob, is_cancelled: Callable[[], bool]) -> int | None:
+    def _prefill(self, job: EngineRequest, is_cancelled: Callable[[], bool]) -> int | None:
         """Evaluate the prompt in chunks; return how many cached tokens were reused, None if stopped."""
         llm = self._llm
         tokens = job.prompt_tokens
@@ -240,10 +168,10 @@ class ModelEngine:
 
     def _decode(
         self,
-        job: GenerationJob,
+        job: EngineRequest,
         is_cancelled: Callable[[], bool],
         on_step: StepCallback | None,
-        result: GenerationResult,
+        result: EngineResult,
     ) -> None:
         llm = self._llm
         sampling = job.sampling

@@ -1,0 +1,76 @@
+"""What the app serves with, built once by the lifespan: settings, engine, scheduler, metrics, limits and
+the ``/info`` answer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+
+import llama_cpp
+from fastapi import Request
+
+from oasst_cpu_backend.engine import ModelEngine
+from oasst_cpu_backend.metrics import BackendMetrics
+from oasst_cpu_backend.scheduler import Scheduler
+from oasst_cpu_backend.schemas import Info
+from oasst_cpu_backend.settings import Settings
+from oasst_cpu_backend.validation import Limits
+
+
+def package_version() -> str:
+    try:
+        return version("oasst-inference-worker")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+@dataclass
+class ServingState:
+    settings: Settings
+    engine: ModelEngine
+    scheduler: Scheduler
+    metrics: BackendMetrics
+    limits: Limits
+    info: Info
+
+
+def build_info(settings: Settings, engine: ModelEngine, limits: Limits) -> Info:
+    metadata = engine.metadata
+    return Info(
+        model_id=settings.model_id,
+        model_dtype=f"gguf:{engine.model_path.name}",
+        max_concurrent_requests=settings.max_concurrent_requests,
+        max_stop_sequences=limits.max_stop_sequences,
+        max_input_length=limits.max_input_length,
+        max_input_tokens=limits.max_input_length,
+        max_total_tokens=limits.n_ctx,
+        max_top_n_tokens=limits.max_top_n_tokens,
+        version=package_version(),
+        llama_cpp_version=llama_cpp.__version__,
+        chat_template=metadata.get("tokenizer.chat_template"),
+        bos_token=engine.special_token_text("tokenizer.ggml.bos_token_id"),
+        eos_token=engine.special_token_text("tokenizer.ggml.eos_token_id"),
+        add_bos_token=metadata.get("tokenizer.ggml.add_bos_token", "false").lower() == "true",
+    )
+
+
+def load_engine(settings: Settings) -> ModelEngine:
+    return ModelEngine(
+        settings.resolved_model_path(),
+        n_ctx=settings.n_ctx,
+        n_threads=settings.n_threads,
+        n_batch=settings.n_batch,
+        prefill_chunk_tokens=settings.prefill_chunk_tokens,
+        prefix_cache=settings.prefix_cache,
+    )
+
+
+def serving_state(request: Request) -> ServingState:
+    state: ServingState = request.app.state.serving
+    return state
+
+
+def serving_state_if_ready(request: Request) -> ServingState | None:
+    """None while the lifespan is still loading the model."""
+    state: ServingState | None = getattr(request.app.state, "serving", None)
+    return state
