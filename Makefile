@@ -22,7 +22,7 @@ PACKAGE_FILES := oasst_shared/pyproject.toml inference/server/pyproject.toml \
 help:
 	@echo "make up      run the whole stack (server, worker, bundled CPU backend) on SQLite"
 	@echo "make test    run the whole test suite against the local Postgres and Redis"
-	@echo "make lint    ruff and mypy"
+	@echo "make lint    ruff, mypy and the import rules (lint-imports)"
 	@echo "make bench   run the benchmarks and write docs/performance.md"
 
 venv: $(STAMP)
@@ -53,6 +53,7 @@ lint: $(STAMP)
 	@$(VENV)/bin/ruff check .
 	@$(VENV)/bin/ruff format --check .
 	@$(VENV)/bin/mypy
+	@$(VENV)/bin/lint-imports --no-cache
 
 format: $(STAMP)
 	@$(VENV)/bin/ruff check --fix .
