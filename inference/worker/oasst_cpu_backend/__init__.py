@@ -1,1 +1,1 @@
-"""The bundled CPU backend: a text-generation-inference compatible HTTP server over llama.cpp."""
+"""The bundled CPU backend: a TGI-compatible HTTP server over llama.cpp; imports oasst_shared, never the worker or the server."""

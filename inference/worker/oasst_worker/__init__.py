@@ -1,1 +1,1 @@
-"""The inference worker: connects to the server and relays jobs to a text-generation backend."""
+"""The inference worker: relays the server's jobs to a text-generation backend; imports oasst_shared, never a server package."""

@@ -41,6 +41,14 @@ def llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
     server.process.stop()
 
 
+@pytest.fixture
+async def backend(llama: LlamaServer) -> AsyncIterator[OpenAiBackend]:
+    """The adapter on the real server, in completions mode."""
+    adapter = backend_for(llama.url)
+    yield adapter
+    await adapter.close()
+
+
 def backend_for(url: str, **kwargs: Any) -> OpenAiBackend:
     return OpenAiBackend(url, **{"model": ALIAS, **TIMEOUTS, **kwargs})
 
@@ -150,57 +158,41 @@ async def test_info_health_and_token_count(llama: LlamaServer) -> None:
 
 
 @slow
-async def test_a_chat_prompt_streams_and_ends_with_eos(llama: LlamaServer) -> None:
-    backend = backend_for(llama.url)
-    try:
-        tokens, result = await collect(backend.generate_stream(CHAT_PROMPT, GREEDY, 48))
-        assert tokens and all(t.text for t in tokens)
-        assert result.text == "".join(t.text for t in tokens) and "Paris" in result.text
-        assert result.finish_reason == "eos_token"
-        assert result.generated_tokens == len(tokens) < 48
-        # Greedy decoding repeats within one build of the server.
-        _, again = await collect(backend.generate_stream(CHAT_PROMPT, GREEDY, 48))
-        assert again.text == result.text
-    finally:
-        await backend.close()
+async def test_a_chat_prompt_streams_and_ends_with_eos(backend: OpenAiBackend) -> None:
+    tokens, result = await collect(backend.generate_stream(CHAT_PROMPT, GREEDY, 48))
+    assert tokens and all(t.text for t in tokens)
+    assert result.text == "".join(t.text for t in tokens) and "Paris" in result.text
+    assert result.finish_reason == "eos_token"
+    assert result.generated_tokens == len(tokens) < 48
+    # Greedy decoding repeats within one build of the server.
+    _, again = await collect(backend.generate_stream(CHAT_PROMPT, GREEDY, 48))
+    assert again.text == result.text
 
 
 @slow
-async def test_max_tokens_ends_with_length(llama: LlamaServer) -> None:
-    backend = backend_for(llama.url)
-    try:
-        tokens, result = await collect(backend.generate_stream(COUNTING_PROMPT, GREEDY, 5))
-        assert result.finish_reason == "length" and result.generated_tokens == len(tokens) == 5
-    finally:
-        await backend.close()
+async def test_max_tokens_ends_with_length(backend: OpenAiBackend) -> None:
+    tokens, result = await collect(backend.generate_stream(COUNTING_PROMPT, GREEDY, 5))
+    assert result.finish_reason == "length" and result.generated_tokens == len(tokens) == 5
 
 
 @slow
-async def test_stop_sequences_are_sent_to_the_server(llama: LlamaServer) -> None:
-    backend = backend_for(llama.url)
-    try:
-        _, free = await collect(backend.generate_stream(COUNTING_PROMPT, GREEDY, 20))
-        assert " 15," in free.text  # the model counts on
-        params = SamplingParameters(do_sample=False, stop=[" 15"])
-        tokens, result = await collect(backend.generate_stream(COUNTING_PROMPT, params, 20))
-        assert result.finish_reason == "stop_sequence"
-        assert result.text == free.text[: free.text.index(" 15")]
-        assert "".join(t.text for t in tokens) == result.text
-    finally:
-        await backend.close()
+async def test_stop_sequences_are_sent_to_the_server(backend: OpenAiBackend) -> None:
+    _, free = await collect(backend.generate_stream(COUNTING_PROMPT, GREEDY, 20))
+    assert " 15," in free.text  # the model counts on
+    params = SamplingParameters(do_sample=False, stop=[" 15"])
+    tokens, result = await collect(backend.generate_stream(COUNTING_PROMPT, params, 20))
+    assert result.finish_reason == "stop_sequence"
+    assert result.text == free.text[: free.text.index(" 15")]
+    assert "".join(t.text for t in tokens) == result.text
 
 
 @slow
-async def test_sampling_parameters_are_accepted(llama: LlamaServer) -> None:
+async def test_sampling_parameters_are_accepted(llama: LlamaServer, backend: OpenAiBackend) -> None:
     # The non-OpenAI fields (top_k, repetition_penalty/repeat_penalty) must not make a real server refuse.
     # (llama-cpp-python's server does not repeat sampled text for a seed, so that is not checked here.)
-    backend = backend_for(llama.url)
     params = SamplingParameters(temperature=1.0, top_p=0.95, top_k=50, repetition_penalty=1.1, seed=1234)
-    try:
-        tokens, result = await collect(backend.generate_stream(COUNTING_PROMPT, params, 6))
-        assert result.finish_reason == "length" and result.generated_tokens == len(tokens) == 6
-    finally:
-        await backend.close()
+    tokens, result = await collect(backend.generate_stream(COUNTING_PROMPT, params, 6))
+    assert result.finish_reason == "length" and result.generated_tokens == len(tokens) == 6
 
 
 @slow
@@ -229,30 +221,29 @@ async def _wait_for(condition: Callable[[], bool], timeout: float = 60.0) -> Non
         await asyncio.sleep(0.1)
 
 
+async def assert_generation_stopped(llama: LlamaServer, backend: OpenAiBackend, disconnects: int) -> None:
+    # The server noticed the closed connection and stopped decoding...
+    await _wait_for(lambda: llama.log().count("Disconnected from client") > disconnects)
+    # ...so the next request is served at once, not after 1500 tokens.
+    _, result = await collect(backend.generate_stream(COUNTING_PROMPT, GREEDY, 4))
+    assert result.generated_tokens == 4
+    assert max(llama.eval_runs()) < 1000
+
+
 @slow
-async def test_closing_the_stream_stops_the_generation(llama: LlamaServer) -> None:
-    backend = backend_for(llama.url)
+async def test_closing_the_stream_stops_the_generation(llama: LlamaServer, backend: OpenAiBackend) -> None:
     disconnects = llama.log().count("Disconnected from client")
-    try:
-        async with aclosing(backend.generate_stream(COUNTING_PROMPT, GREEDY, 1500)) as stream:
-            received = 0
-            async for _ in stream:
-                received += 1
-                if received == 3:
-                    break
-        # The server noticed the closed connection and stopped decoding...
-        await _wait_for(lambda: llama.log().count("Disconnected from client") > disconnects)
-        # ...so the next request is served at once, not after 1500 tokens.
-        _, result = await collect(backend.generate_stream(COUNTING_PROMPT, GREEDY, 4))
-        assert result.generated_tokens == 4
-        assert max(llama.eval_runs()) < 1000
-    finally:
-        await backend.close()
+    async with aclosing(backend.generate_stream(COUNTING_PROMPT, GREEDY, 1500)) as stream:
+        received = 0
+        async for _ in stream:
+            received += 1
+            if received == 3:
+                break
+    await assert_generation_stopped(llama, backend, disconnects)
 
 
 @slow
-async def test_cancelling_the_consumer_closes_the_stream(llama: LlamaServer) -> None:
-    backend = backend_for(llama.url)
+async def test_cancelling_the_consumer_closes_the_stream(llama: LlamaServer, backend: OpenAiBackend) -> None:
     disconnects = llama.log().count("Disconnected from client")
     got_tokens = asyncio.Event()
 
@@ -261,18 +252,12 @@ async def test_cancelling_the_consumer_closes_the_stream(llama: LlamaServer) -> 
             async for _ in stream:
                 got_tokens.set()
 
-    try:
-        task = asyncio.create_task(consume())
-        await asyncio.wait_for(got_tokens.wait(), 60)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        await _wait_for(lambda: llama.log().count("Disconnected from client") > disconnects)
-        _, result = await collect(backend.generate_stream(CHAT_PROMPT, GREEDY, 4))
-        assert result.generated_tokens == 4
-        assert max(llama.eval_runs()) < 1000
-    finally:
-        await backend.close()
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(got_tokens.wait(), 60)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await assert_generation_stopped(llama, backend, disconnects)
 
 
 @slow

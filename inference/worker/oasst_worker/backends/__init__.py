@@ -1,1 +1,1 @@
-"""Backend adapters (TGI, OpenAI-compatible, the sentence encoder); may import oasst_shared and settings only."""
+"""Backend adapters (TGI, OpenAI-compatible, the sentence encoder), one protocol per kind; imports oasst_shared and settings."""

@@ -1,2 +1,1 @@
-"""The websocket connection to the server: handshake, frame writing, the serve loop; may import anything in
-the worker below it (jobs, prompting, backends, settings, metrics)."""
+"""The websocket link to the server: handshake, frame writing, backend health, the serve loop; imports jobs and below."""

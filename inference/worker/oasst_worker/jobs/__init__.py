@@ -1,2 +1,1 @@
-"""Jobs: one unit of server work (a generation or an embedding) run against a backend; may import backends,
-prompting, metrics and oasst_shared."""
+"""Jobs (a generation or an embedding per server request) and the pool that runs them; imports backends, prompting, metrics."""
