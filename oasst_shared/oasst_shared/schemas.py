@@ -74,6 +74,7 @@ class MessageRead(BaseModel):
     reports: list[str] = Field(default_factory=list)
     model_config_name: str | None = None
     sampling_parameters: SamplingParameters | None = None
+    system_prompt: str | None = None
     error: str | None = None
     finish_reason: str | None = None
     generated_tokens: int | None = None
@@ -285,6 +286,20 @@ class UserRead(BaseModel):
     provider_account_id: str
     display_name: str
     created_at: datetime
+
+
+class UserSettings(_Request):
+    """A user's choices that clients keep on the server (the web chat page: model, sampling, theme).
+
+    Stored as given, per user; ``GET /account/settings`` returns the defaults before the first save.
+    """
+
+    model_config_name: str | None = Field(default=None, max_length=128)
+    preset: str | None = Field(
+        default=None, max_length=64, description="A parameter_configs name of the model, or 'custom'"
+    )
+    custom_sampling_parameters: SamplingParameters | None = None
+    theme: Literal["system", "light", "dark"] = "system"
 
 
 class AuthCheckResponse(BaseModel):

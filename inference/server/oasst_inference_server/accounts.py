@@ -5,8 +5,8 @@ What ``DELETE /account`` (and the admin's ``DELETE /admin/users/{id}``) does, in
 1. every pending or running generation of the user is cancelled (on whichever replica runs it);
 2. chats that did not allow data use are deleted with their messages and feedback;
 3. the other chats are kept as anonymous data: titles cleared, hidden;
-4. refresh tokens and API keys are revoked; access tokens stop working at once (the user is marked
-   deleted, which every authenticated request checks);
+4. refresh tokens and API keys are revoked and client settings deleted; access tokens stop working
+   at once (the user is marked deleted, which every authenticated request checks);
 5. the user row loses its name and provider account: ``display_name`` becomes "deleted user",
    ``provider`` "deleted", ``provider_account_id`` the user's own id. The same person signing in
    again through a provider gets a new, empty account.
@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from loguru import logger
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.chat_store import cancel_active_messages, delete_chat
-from oasst_inference_server.models import DbApiKey, DbChat, DbMessage, DbUser, utcnow
+from oasst_inference_server.models import DbApiKey, DbChat, DbMessage, DbUser, DbUserSettings, utcnow
 from oasst_inference_server.tokens import revoke_user_tokens
 
 if TYPE_CHECKING:
@@ -48,6 +48,7 @@ async def delete_account(session: AsyncSession, lifecycle: MessageLifecycle, use
         await delete_chat(session, lifecycle, chat)
         deleted_chats += 1
     await session.execute(update(DbChat).where(DbChat.user_id == user_id).values(title=None, hidden=True))
+    await session.execute(delete(DbUserSettings).where(DbUserSettings.user_id == user_id))
     await session.execute(
         update(DbApiKey)
         .where(DbApiKey.user_id == user_id, DbApiKey.revoked_at.is_(None))

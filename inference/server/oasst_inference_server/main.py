@@ -5,11 +5,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import FileResponse
 from loguru import logger
 
 from oasst_inference_server import db
@@ -30,14 +28,12 @@ from oasst_inference_server.routes import (
     metrics,
     openai,
     usage,
+    web,
     workers,
 )
 from oasst_inference_server.routes.responses import document_errors
 from oasst_inference_server.settings import Settings, get_settings
 from oasst_inference_server.worker_registry import WorkerRegistry
-
-STATIC_DIR = Path(__file__).parent / "static"
-
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
@@ -108,12 +104,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         api_keys,
         usage,
         openai,
+        web,
     ):
         app.include_router(module.router)
+    web.mount_static(app)
     document_errors(app)
-
-    @app.get("/", include_in_schema=False)
-    async def web_chat() -> FileResponse:
-        return FileResponse(STATIC_DIR / "index.html")
-
     return app

@@ -44,6 +44,7 @@ def to_message_read(message: DbMessage) -> MessageRead:
             if message.sampling_parameters is not None
             else None
         ),
+        system_prompt=message.system_prompt,
         error=message.error,
         finish_reason=message.finish_reason,
         generated_tokens=message.generated_tokens,

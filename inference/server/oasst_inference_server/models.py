@@ -178,3 +178,16 @@ class DbApiKey(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     last_used_at: datetime | None = None
     revoked_at: datetime | None = None
+
+
+# ---------------------------------------------------------------- per-user settings (issue 16)
+
+
+class DbUserSettings(SQLModel, table=True):
+    """A user's client settings (``oasst_shared.schemas.UserSettings`` as JSON), one row per user."""
+
+    __tablename__ = "user_settings"
+
+    user_id: str = Field(foreign_key="user.id", primary_key=True, max_length=36, ondelete="CASCADE")
+    settings: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
+    updated_at: datetime = Field(default_factory=utcnow)

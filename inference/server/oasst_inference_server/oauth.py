@@ -98,18 +98,30 @@ def callback_url(settings: Settings, provider: OAuthProvider) -> str:
     return f"{settings.api_root.rstrip('/')}/auth/callback/{provider.name}"
 
 
-def new_state(settings: Settings, provider: OAuthProvider) -> tuple[str, str]:
-    """(state for the provider, nonce for the browser's cookie)."""
+def new_state(settings: Settings, provider: OAuthProvider, *, web: bool = False) -> tuple[str, str]:
+    """(state for the provider, nonce for the browser's cookie). ``web``: the web chat page started
+    the sign-in, so the callback hands the tokens to the page instead of answering JSON."""
     nonce = secrets.token_urlsafe(24)
     now = datetime.now(timezone.utc)
     claims = {
         "kind": _STATE_KIND,
         "provider": provider.name,
         "nonce": nonce,
+        "web": web,
         "iat": now,
         "exp": now + timedelta(seconds=settings.oauth_state_ttl_seconds),
     }
     return jwt.encode(claims, settings.auth_secret, algorithm="HS256"), nonce
+
+
+def started_by_web_page(state: str) -> bool:
+    """Whether ``state`` says the web page started the sign-in, read without verifying it: this only
+    chooses how an error is shown (a page rather than JSON), it grants nothing."""
+    try:
+        claims = jwt.decode(state, options={"verify_signature": False, "verify_exp": False})
+    except jwt.InvalidTokenError:
+        return False
+    return isinstance(claims, dict) and claims.get("web") is True
 
 
 def check_state(settings: Settings, provider: OAuthProvider, state: str, cookie_nonce: str | None) -> None:

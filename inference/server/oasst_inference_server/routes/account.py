@@ -8,8 +8,9 @@ from fastapi.responses import Response
 from oasst_inference_server.accounts import delete_account
 from oasst_inference_server.deps import CurrentUser, SessionDep
 from oasst_inference_server.routes.auth import user_read
-from oasst_inference_server.routes.responses import AUTH
-from oasst_shared.schemas import UserRead
+from oasst_inference_server.routes.responses import AUTH, error
+from oasst_inference_server.user_settings import load_user_settings, save_user_settings
+from oasst_shared.schemas import UserRead, UserSettings
 
 router = APIRouter(prefix="/account", tags=["account"])
 
@@ -25,3 +26,19 @@ async def delete_own_account(request: Request, user: CurrentUser, session: Sessi
     deleted, the rest is kept anonymised, and every token stops working."""
     await delete_account(session, request.app.state.lifecycle, user)
     return Response(status_code=204)
+
+
+@router.get("/settings", response_model=UserSettings, responses=AUTH)
+async def get_user_settings(user: CurrentUser, session: SessionDep) -> UserSettings:
+    """The user's client settings (the defaults until the first ``PUT``)."""
+    return await load_user_settings(session, user.id)
+
+
+@router.put(
+    "/settings",
+    response_model=UserSettings,
+    responses={**AUTH, 422: error("Invalid fields, or more than 8 KiB of settings")},
+)
+async def put_user_settings(body: UserSettings, user: CurrentUser, session: SessionDep) -> UserSettings:
+    """Replace the user's client settings (omitted fields return to their defaults)."""
+    return await save_user_settings(session, user.id, body)

@@ -13,6 +13,7 @@ from oasst_inference_server.deps import CurrentUser, SessionDep, SettingsDep
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.models import DbUser
 from oasst_inference_server.routes.responses import AUTH, error
+from oasst_inference_server.routes.web import signin_handoff
 from oasst_inference_server.trusted_client import TRUSTED_CLIENT_HEADER, trusted_client_user
 from oasst_shared.schemas import AuthCheckResponse, LoginResponse, RefreshRequest, UserRead
 
@@ -144,10 +145,14 @@ async def debug_login(
     status_code=302,
     responses={404: error("The provider is not configured")},
 )
-async def login_oauth(provider: str, settings: SettingsDep) -> RedirectResponse:
+async def login_oauth(
+    provider: str,
+    settings: SettingsDep,
+    web: Annotated[bool, Query(description="Started by the web chat page: finish on the page")] = False,
+) -> RedirectResponse:
     """Start signing in with ``github`` or ``discord``: redirects to the provider."""
     config = oauth.get_provider(settings, provider)
-    state, nonce = oauth.new_state(settings, config)
+    state, nonce = oauth.new_state(settings, config, web=web)
     response = RedirectResponse(await oauth.authorization_url(settings, config, state), status_code=302)
     response.set_cookie(
         oauth.STATE_COOKIE,
@@ -178,14 +183,23 @@ async def callback_oauth(
     state: Annotated[str, Query(min_length=1, max_length=4096)],
     nonce: Annotated[str | None, Cookie(alias=oauth.STATE_COOKIE)] = None,
 ) -> Response:
-    """Where the provider sends the browser back: signs the user in and returns the tokens."""
-    config = oauth.get_provider(settings, provider)
-    oauth.check_state(settings, config, state, nonce)
-    account_id, name = await oauth.fetch_identity(settings, config, code)
-    user = await _get_or_create_user(session, config.name, account_id, name)
-    if user.deleted:
-        raise ApiError(401, "user_deleted", "this account was deleted")
-    pair = await tokens.login(session, settings, user)
-    response = Response(pair.model_dump_json(), media_type="application/json")
+    """Where the provider sends the browser back: signs the user in and returns the tokens (to the
+    web chat page, when it started the sign-in, as a page that stores them and opens the chat)."""
+    web = oauth.started_by_web_page(state)
+    try:
+        config = oauth.get_provider(settings, provider)
+        oauth.check_state(settings, config, state, nonce)
+        account_id, name = await oauth.fetch_identity(settings, config, code)
+        user = await _get_or_create_user(session, config.name, account_id, name)
+        if user.deleted:
+            raise ApiError(401, "user_deleted", "this account was deleted")
+        pair = await tokens.login(session, settings, user)
+    except ApiError as exc:
+        if web:
+            return signin_handoff(error=exc.detail)
+        raise
+    response: Response = (
+        signin_handoff(pair) if web else Response(pair.model_dump_json(), media_type="application/json")
+    )
     response.delete_cookie(oauth.STATE_COOKIE, path="/auth/callback")
     return response

@@ -263,8 +263,13 @@ async def message_events(
     batches = read_message_events(
         _lifecycle(request), broker, settings, message_id, last_event_id, request.is_disconnected
     )
+    # no-cache rather than sse-starlette's no-store: the events are private either way (the request
+    # carries Authorization, which shared caches must not store), and Chromium reports a streamed
+    # no-store response read to its end as an aborted request, which the web page's tests forbid.
     return EventSourceResponse(
-        _encoded(batches), ping=int(settings.sse_ping_interval), headers={"X-Accel-Buffering": "no"}
+        _encoded(batches),
+        ping=int(settings.sse_ping_interval),
+        headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
     )
 
 
