@@ -265,9 +265,16 @@ def server_env(port: int, database_url: str, broker_url: str | None, **extra: st
 
 
 def start_stack(
-    log_dir: Path, backend_url: str, database_url: str, broker_url: str | None, workers: int = 1, **extra: str
+    log_dir: Path,
+    backend_url: str,
+    database_url: str,
+    broker_url: str | None,
+    workers: int = 1,
+    port: int | None = None,
+    **extra: str,
 ) -> Stack:
-    port = free_port()
+    """A server (on ``port``, else a free one) with ``workers`` workers; ``extra`` is server settings."""
+    port = port or free_port()
     env = server_env(port, database_url, broker_url, **extra)
     server = start_process("server", "oasst_inference_server", env, log_dir)
     url = f"http://127.0.0.1:{port}"

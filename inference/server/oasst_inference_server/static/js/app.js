@@ -14,6 +14,7 @@ import { signIn } from "./signin.js";
 
 const APP_NAME = "Open-Assistant chat";
 const MODEL_POLL_MS = 10_000;
+const phoneWidth = window.matchMedia("(max-width: 760px)");
 
 const preferences = new Preferences({ onModelsChanged: () => showModels() });
 const chatList = new ChatList({
@@ -87,11 +88,17 @@ function showModels() {
   } else if ($("banner").classList.contains("info")) showBanner("");
 }
 
+/** The sidebar is a drawer on a phone: open it over the chat, or close it. */
 function setSidebar(open) {
+  const wasOpen = $("app").classList.contains("sidebar-open");
   $("app").classList.toggle("sidebar-open", open);
   $("scrim").hidden = !open;
   $("toggle-sidebar").setAttribute("aria-expanded", String(open));
+  // Off screen, the closed drawer must not take focus; while it is open, the chat behind it must not.
+  $("sidebar").inert = phoneWidth.matches && !open;
+  $("main").inert = phoneWidth.matches && open;
   if (open) $("new-chat").focus();
+  else if (wasOpen && phoneWidth.matches) $("toggle-sidebar").focus();
 }
 
 async function submit() {
@@ -116,6 +123,8 @@ async function submit() {
 
 function bindControls() {
   fillIcons();
+  setSidebar(false);
+  phoneWidth.addEventListener("change", () => setSidebar(false));
   $("composer").addEventListener("submit", (event) => {
     event.preventDefault();
     submit();

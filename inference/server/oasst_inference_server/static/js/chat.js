@@ -31,7 +31,9 @@ export class ChatController {
     this.reset(null);
   }
 
-  reset(chat) {
+  /** Show ``chat`` (null: a new chat). Its system prompt is the newest one its thread was answered
+   * with, unless ``systemPrompt`` carries one over (a new chat keeps what the user set for it). */
+  reset(chat, systemPrompt = null) {
     for (const stream of this.streams?.values() || []) stream.controller.abort();
     this.chat = chat;
     this.tree = new MessageTree(chat?.messages || []);
@@ -42,7 +44,7 @@ export class ChatController {
     this.view.editing = null;
     const thread = this.thread();
     const configured = [...thread].reverse().find((m) => m.role === "assistant" && m.system_prompt);
-    this.systemPrompt = configured?.system_prompt || "";
+    this.systemPrompt = systemPrompt ?? configured?.system_prompt ?? "";
   }
 
   thread() {
@@ -55,8 +57,8 @@ export class ChatController {
     return last && last.role === "assistant" && ACTIVE_STATES.has(last.state) ? last : null;
   }
 
-  newChat() {
-    this.reset(null);
+  newChat(systemPrompt = null) {
+    this.reset(null, systemPrompt);
     this.render();
     this.onChatChanged(null);
   }
@@ -173,12 +175,12 @@ export class ChatController {
   async send(text) {
     let { parentId, newChat } = this.replyParent();
     if (newChat) {
-      this.newChat();
+      this.newChat(this.systemPrompt);
       parentId = null;
     }
     if (!this.chat) {
       const chat = await api.post("/chats", {});
-      this.reset({ ...chat, messages: [] });
+      this.reset({ ...chat, messages: [] }, this.systemPrompt);
       this.chatList.upsert(chat);
       this.onChatChanged(chat);
     }
@@ -247,7 +249,7 @@ export class ChatController {
   /** A changed prompt is a sibling of the original (the first prompt of a chat starts a new chat). */
   async edit(message, text) {
     if (!message.parent_id) {
-      this.newChat();
+      this.newChat(this.systemPrompt);
       await this.send(text);
       return;
     }

@@ -1,11 +1,12 @@
 // Model answers as Markdown: parsed by marked, sanitized by DOMPurify, code highlighted by
 // highlight.js, each code block with a copy button.
 //
-// Model output is untrusted (a prompt can make a model write anything), so only the tags Markdown
-// produces survive, with no event handlers, styles, forms or frames; links open in a new tab without
-// a referrer; classes are kept only as `language-*` (so an answer cannot dress itself up as the
-// page's own controls); and images become links: loading a picture from an address the model chose
-// would let an answer send data to any server.
+// Model output is untrusted (a prompt can make a model write anything). HTML written by the model
+// is shown as text, as it was written, never parsed as markup. What Markdown itself produces is then
+// sanitized as a second wall: only its tags, no event handlers, styles, forms or frames; links open
+// in a new tab without a referrer; classes only as `language-*` (an answer cannot dress itself up as
+// the page's own controls); and images become links, since loading a picture from an address the
+// model chose would let an answer send data to any server.
 
 import { Marked } from "../vendor/marked.js";
 import DOMPurify from "../vendor/purify.js";
@@ -16,6 +17,9 @@ const marked = new Marked({
   gfm: true,
   breaks: true,
   renderer: {
+    html({ text }) {
+      return escapeText(text);
+    },
     image({ href, title, text }) {
       const label = text || title || href || "";
       return `<a href="${escapeAttribute(href || "")}">${escapeText(`[image: ${label}]`)}</a>`;

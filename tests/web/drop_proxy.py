@@ -1,0 +1,113 @@
+"""A reverse proxy between the browser and the server that cuts an answer's event stream mid-way:
+the network fault of the resume test, injected at the one place a browser cannot fake it.
+
+Every request is relayed unchanged. The first event stream (``.../events``) is relayed for a few
+``token`` events, then held until the test calls ``cut()``, which aborts that connection as a
+dropped network would. The stream the page reconnects with is relayed up to its terminal event,
+which is held until ``release()``: the test can look at the streamed text before the final event
+could correct it. Later streams pass through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import httpx
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response, StreamingResponse
+from starlette.routing import Route
+
+_HOP_BY_HOP = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "upgrade"}
+_TERMINAL = ('"event_type":"message"', '"event_type":"error"')
+
+
+class StreamCut(Exception):
+    """Raised inside the relayed response: the ASGI server then drops the connection."""
+
+
+@dataclass
+class EventsRequest:
+    last_event_id: str | None
+    relayed_ids: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DropProxy:
+    upstream: str
+    tokens_before_cut: int = 3
+    url: str = ""
+    requests: list[EventsRequest] = field(default_factory=list)
+    holding: threading.Event = field(default_factory=threading.Event)  # the first stream waits for cut()
+    holding_terminal: threading.Event = field(default_factory=threading.Event)
+    _cut: threading.Event = field(default_factory=threading.Event)
+    _release: threading.Event = field(default_factory=threading.Event)
+
+    def cut(self) -> None:
+        self._cut.set()
+
+    def release(self) -> None:
+        self._release.set()
+
+    def app(self) -> Starlette:
+        client: httpx.AsyncClient | None = None
+
+        async def relay(request: Request) -> Response:
+            nonlocal client
+            client = client or httpx.AsyncClient(timeout=None)
+            headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
+            upstream = client.build_request(
+                request.method,
+                f"{self.upstream}{request.url.path}",
+                params=request.url.query,
+                headers=headers,
+                content=await request.body(),
+            )
+            response = await client.send(upstream, stream=True)
+            body = response.aiter_raw()
+            if request.url.path.endswith("/events") and response.status_code == 200:
+                body = self._tap(body, EventsRequest(request.headers.get("last-event-id")))
+
+            async def relayed() -> AsyncIterator[bytes]:
+                try:
+                    async for chunk in body:
+                        yield chunk
+                finally:
+                    await response.aclose()
+
+            out_headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
+            return StreamingResponse(relayed(), status_code=response.status_code, headers=out_headers)
+
+        return Starlette(routes=[Route("/{path:path}", relay, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
+
+    async def _wait(self, flag: threading.Event) -> None:
+        while not flag.is_set():
+            await asyncio.sleep(0.02)
+
+    async def _tap(self, body: AsyncIterator[bytes], record: EventsRequest) -> AsyncIterator[bytes]:
+        """Relay SSE events one by one, cutting or holding as the module docstring says."""
+        self.requests.append(record)
+        stream_number = len(self.requests)
+        buffer, tokens = b"", 0
+        async for chunk in body:
+            buffer += chunk
+            while b"\r\n\r\n" in buffer:
+                raw, buffer = buffer.split(b"\r\n\r\n", 1)
+                text = raw.decode()
+                if stream_number == 2 and any(t in text for t in _TERMINAL):
+                    self.holding_terminal.set()
+                    await self._wait(self._release)
+                yield raw + b"\r\n\r\n"
+                for line in text.splitlines():
+                    if line.startswith("id: "):
+                        record.relayed_ids.append(line[4:])
+                tokens += '"event_type":"token"' in text
+                if stream_number == 1 and tokens >= self.tokens_before_cut:
+                    self.holding.set()
+                    await self._wait(self._cut)
+                    raise StreamCut("the test cut the connection")
+        if buffer:
+            yield buffer
