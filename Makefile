@@ -17,13 +17,14 @@ PACKAGE_FILES := oasst_shared/pyproject.toml inference/server/pyproject.toml \
 	inference/worker/pyproject.toml inference/text-client/pyproject.toml requirements-dev.txt \
 	scripts/ensure-llama-wheel.sh scripts/ensure-system-packages.sh Makefile
 
-.PHONY: help venv up test test-fast lint format bench docs clean
+.PHONY: help venv up test test-fast lint format bench docs web-vendor clean
 
 help:
 	@echo "make up      run the whole stack (server, worker, bundled CPU backend) on SQLite"
 	@echo "make test    run the whole test suite against the local Postgres and Redis"
 	@echo "make lint    ruff, mypy and the import rules (lint-imports)"
 	@echo "make bench   run the benchmarks and write docs/performance.md"
+	@echo "make web-vendor  re-copy the web page's pinned npm modules (needs npm)"
 
 venv: $(STAMP)
 
@@ -65,6 +66,11 @@ bench: $(STAMP)
 # The protocol and configuration references in docs/ are generated from the code.
 docs: $(STAMP)
 	@$(PY) scripts/gen_docs.py
+
+# The web chat page has no build step: its third-party modules are committed copies of the npm
+# packages pinned in inference/server/web/ (docs/web-chat.md). This re-copies them after a version bump.
+web-vendor: $(STAMP)
+	@$(PY) scripts/vendor_web.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

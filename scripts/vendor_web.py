@@ -49,7 +49,10 @@ def locked_versions(lock_file: Path) -> dict[str, str]:
 
 def vendored(node_modules: Path) -> dict[str, bytes]:
     """The vendored files' contents, made from an installed node_modules."""
-    return {name: _SOURCE_MAP.sub(b"", (node_modules / pkg / path).read_bytes()) for name, (pkg, path) in FILES.items()}
+    return {
+        name: _SOURCE_MAP.sub(b"", (node_modules / pkg / path).read_bytes())
+        for name, (pkg, path) in FILES.items()
+    }
 
 
 def manifest(files: dict[str, bytes], versions: dict[str, str]) -> dict[str, dict[str, str]]:
@@ -73,7 +76,11 @@ def main() -> int:
                 shutil.copy(WEB_DIR / name, tmp)
             npm_ci(Path(tmp))
             files = vendored(Path(tmp) / "node_modules")
-        stale = [n for n, data in files.items() if not (VENDOR_DIR / n).is_file() or (VENDOR_DIR / n).read_bytes() != data]
+        stale = [
+            n
+            for n, data in files.items()
+            if not (VENDOR_DIR / n).is_file() or (VENDOR_DIR / n).read_bytes() != data
+        ]
         if stale:
             print(f"static/vendor differs from the pinned packages: {', '.join(stale)}", file=sys.stderr)
             return 1

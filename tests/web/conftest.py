@@ -13,6 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
+from playwright.sync_api import expect
 
 from conftest import Backend, ManagedProcess, Stack, free_port, start_stack, wait_http_ok
 from tests.faults.conftest import FakeBackend, fake_model, start_fake_worker
@@ -49,12 +50,18 @@ def _load_fake_oauth() -> ModuleType:
 fake_oauth = _load_fake_oauth()
 
 
+# Page expectations wait this long (ms): the suite shares two cores with the model and other tests.
+expect.set_options(timeout=20_000)
+
+
 @pytest.fixture(scope="session")
 def browser():
     from playwright.sync_api import sync_playwright
 
     if not Path(CHROMIUM).exists():
-        pytest.fail("Debian's chromium is not installed (make test installs it: scripts/ensure-system-packages.sh)")
+        pytest.fail(
+            "Debian's chromium is not installed (make test installs it: scripts/ensure-system-packages.sh)"
+        )
     with sync_playwright() as playwright:
         # launch() gives Chromium a fresh temporary profile directory of its own, removed on close.
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS)
@@ -72,7 +79,9 @@ def oauth_provider() -> Iterator:
 
 
 @pytest.fixture(scope="session")
-def web_stack(cpu_backend: Backend, oauth_provider, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def web_stack(
+    cpu_backend: Backend, oauth_provider, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("web-stack")
     port = free_port()
     stack = start_stack(
@@ -100,7 +109,9 @@ def open_page(browser, web_stack) -> Iterator[Callable[..., WebPage]]:
     """Opens the chat page in a fresh browser context; every page must end clean (see PageWatch)."""
     opened: list[WebPage] = []
 
-    def open_(viewport: dict[str, int] = DESKTOP, color_scheme: str = "light", base_url: str | None = None) -> WebPage:
+    def open_(
+        viewport: dict[str, int] = DESKTOP, color_scheme: str = "light", base_url: str | None = None
+    ) -> WebPage:
         context = browser.new_context(viewport=viewport, color_scheme=color_scheme, device_scale_factor=1)
         context.set_default_timeout(30_000)
         page = WebPage(context, base_url or web_stack.url)

@@ -81,7 +81,9 @@ class DropProxy:
             out_headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
             return StreamingResponse(relayed(), status_code=response.status_code, headers=out_headers)
 
-        return Starlette(routes=[Route("/{path:path}", relay, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])])
+        return Starlette(
+            routes=[Route("/{path:path}", relay, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])]
+        )
 
     async def _wait(self, flag: threading.Event) -> None:
         while not flag.is_set():

@@ -17,7 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.faults.fake_backend import _chunk, health, info, tokenize
+from tests.faults import fake_backend
+from tests.faults.fake_backend import _chunk
 
 # Every attack sets window.__pwned (or fetches a /pwned address) if it ever runs.
 HOSTILE_ANSWER = """Here is **bold** text, `<b>inline code</b>` and a [safe link](https://example.com/docs).
@@ -67,13 +68,12 @@ async def generate_stream(request: Request) -> Response:
     return StreamingResponse(stream(), media_type="text/event-stream")
 
 
+# The fault-injection backend's /info, /health and /tokenize; only the answers differ.
 app = Starlette(
     routes=[
         Route("/", generate_stream, methods=["POST"]),
         Route("/generate_stream", generate_stream, methods=["POST"]),
-        Route("/info", info),
-        Route("/health", health),
-        Route("/tokenize", tokenize, methods=["POST"]),
+        *(r for r in fake_backend.app.routes if getattr(r, "path", "") in ("/info", "/health", "/tokenize")),
     ]
 )
 

@@ -24,7 +24,10 @@ from tests.web.web_support import ANSWER_TIMEOUT, DESKTOP, PHONE, ServerView, We
 
 pytestmark = pytest.mark.slow
 
-SHORT = {"preset": "custom", "custom_sampling_parameters": {"max_new_tokens": 48, "temperature": 0.7, "top_p": 0.95}}
+SHORT = {
+    "preset": "custom",
+    "custom_sampling_parameters": {"max_new_tokens": 48, "temperature": 0.7, "top_p": 0.95},
+}
 LONG_STORY = "Write a very long story about a dragon who learns to bake bread, in ten chapters."
 
 # Records the text of the answer being written each time it changes (installed before sending).
@@ -47,7 +50,9 @@ RENDERED_TEXT = """async (text) => {
 ServerThread = fake_oauth.ServerThread
 
 
-def signed_in(open_page, web_stack, settings: dict | None = None, **page_options) -> tuple[WebPage, ServerView]:
+def signed_in(
+    open_page, web_stack, settings: dict | None = None, **page_options
+) -> tuple[WebPage, ServerView]:
     name = new_name()
     server = ServerView(web_stack.url, name)
     if settings:
@@ -63,7 +68,9 @@ def test_chat_streams_an_answer_and_a_reload_restores_it(open_page, web_stack):
     expect(page.locator("#model")).to_have_value(web_stack.model_name)
     page.evaluate(WATCH_STREAMING)
     web.send("Hello! Who are you? Answer in two sentences.")
-    expect(web.prompts.first.locator(".msg-body")).to_have_text("Hello! Who are you? Answer in two sentences.")
+    expect(web.prompts.first.locator(".msg-body")).to_have_text(
+        "Hello! Who are you? Answer in two sentences."
+    )
     # While it is written the answer is busy, Stop replaces Send, and tokens arrive one after another.
     expect(page.locator("#stop")).to_be_visible()
     answer = web.wait_answered()
@@ -94,7 +101,9 @@ def test_chat_streams_an_answer_and_a_reload_restores_it(open_page, web_stack):
 
 
 def test_stop_regenerate_edit_and_switch_branches(open_page, web_stack):
-    web, server = signed_in(open_page, web_stack, {**SHORT, "custom_sampling_parameters": {"max_new_tokens": 160}})
+    web, server = signed_in(
+        open_page, web_stack, {**SHORT, "custom_sampling_parameters": {"max_new_tokens": 160}}
+    )
     page = web.page
     # Stop: the answer ends as cancelled, with the text written so far.
     web.send(LONG_STORY)
@@ -108,8 +117,9 @@ def test_stop_regenerate_edit_and_switch_branches(open_page, web_stack):
     assert stopped["state"] == "cancelled"
     # Regenerate: a sibling answer, shown as 2 / 2.
     first.get_by_role("button", name="Regenerate answer").click()
+    expect(web.answers.first.locator(".sibling-nav")).to_contain_text("2 / 2")
     second = web.wait_answered(0)
-    expect(second.locator(".sibling-nav")).to_contain_text("2 / 2")
+    web.screenshot("branches-desktop-light")
     regenerated = server.chat(chat_id)["messages"][2]
     assert regenerated["parent_id"] == stopped["parent_id"] and regenerated["state"] == "complete"
     # Arrows move between the siblings.
@@ -169,6 +179,15 @@ def test_votes_and_reports_are_kept(open_page, web_stack):
     answer.get_by_role("button", name="Good answer").click()
     expect(answer.get_by_role("button", name="Good answer")).to_have_attribute("aria-pressed", "false")
     wait_until(lambda: server.chat(chat_id)["messages"][1]["score"] == 0, what="the vote to be cleared")
+    # Editing the first message starts a new chat: a chat has one root, so it cannot have siblings.
+    web.prompts.first.get_by_role("button", name="Edit message").click()
+    page.get_by_role("textbox", name="Edit your message").fill("Name three animals.")
+    page.get_by_role("button", name="Save as new chat").click()
+    expect(page.locator("#chat-list .chat-item")).to_have_count(2)
+    expect(page.locator("#chat-list .chat-item[aria-current=page] a")).to_have_text("Name three animals.")
+    expect(web.prompts.first.locator(".msg-body")).to_have_text("Name three animals.")
+    web.wait_answered()
+    assert web.chat_id() != chat_id and len(server.chat(chat_id)["messages"]) == 2
 
 
 def test_settings_model_presets_and_system_prompt_are_kept(open_page, web_stack):
@@ -209,7 +228,9 @@ def test_settings_model_presets_and_system_prompt_are_kept(open_page, web_stack)
     page.get_by_role("button", name="Chat settings").click()
     expect(dialog.get_by_label("Sampling")).to_have_value("custom")
     expect(dialog.get_by_label("Max new tokens")).to_have_value("24")
-    expect(dialog.get_by_label("System prompt for this chat")).to_have_value("You are a pirate. Answer like one.")
+    expect(dialog.get_by_label("System prompt for this chat")).to_have_value(
+        "You are a pirate. Answer like one."
+    )
     dialog.get_by_label("Theme").select_option("light")
     dialog.get_by_role("button", name="Done").click()
     expect(page.locator("html")).to_have_attribute("data-theme", "light")
@@ -275,7 +296,13 @@ def test_chat_list_pages_renames_hides_and_deletes(open_page, web_stack):
 
 def forged_access_token(user_id: str, expires_in: int, secret: str = AUTH_SECRET) -> str:
     now = int(time.time())
-    claims = {"sub": user_id, "kind": "access", "iat": now - 60, "exp": now + expires_in, "jti": uuid.uuid4().hex}
+    claims = {
+        "sub": user_id,
+        "kind": "access",
+        "iat": now - 60,
+        "exp": now + expires_in,
+        "jti": uuid.uuid4().hex,
+    }
     return jwt.encode(claims, secret, algorithm="HS256")
 
 
@@ -295,14 +322,22 @@ def test_oauth_sign_in_token_rotation_expiry_and_sign_out(open_page, web_stack, 
     web.goto()
     login = new_name("octo")
     oauth_provider.next_identity = {"id": int(uuid.uuid4().int % 10**9), "login": login}
-    expect(page.get_by_role("button", name="Sign in")).to_be_visible()  # the development sign-in is offered here
+    expect(
+        page.get_by_role("button", name="Sign in")
+    ).to_be_visible()  # the development sign-in is offered here
+    web.screenshot("signin-providers-desktop-light")
     page.get_by_role("link", name="Continue with GitHub").click()
     expect(page.locator("#account-name")).to_have_text(login)
     expect(page).to_have_url(web_stack.url + "/")
     tokens = web.tokens()
     http = httpx.Client(base_url=web_stack.url)
-    user_id = http.get("/auth/check", headers={"Authorization": f"Bearer {tokens['access']}"}).json()["user_id"]
-    assert http.get("/account", headers={"Authorization": f"Bearer {tokens['access']}"}).json()["provider"] == "github"
+    user_id = http.get("/auth/check", headers={"Authorization": f"Bearer {tokens['access']}"}).json()[
+        "user_id"
+    ]
+    assert (
+        http.get("/account", headers={"Authorization": f"Bearer {tokens['access']}"}).json()["provider"]
+        == "github"
+    )
 
     # An access token about to expire is refreshed before use: new tokens, no failed request.
     set_access_token(web, forged_access_token(user_id, expires_in=-5))
@@ -313,7 +348,9 @@ def test_oauth_sign_in_token_rotation_expiry_and_sign_out(open_page, web_stack, 
 
     # An access token the server refuses (here: signed with another key) is refreshed and retried.
     web.watch.allow("status 401", "/account")
-    set_access_token(web, forged_access_token(user_id, expires_in=600, secret="another-secret-0123456789abcdefgh"))
+    set_access_token(
+        web, forged_access_token(user_id, expires_in=600, secret="another-secret-0123456789abcdefgh")
+    )
     page.reload()
     expect(page.locator("#account-name")).to_have_text(login)
     assert web.tokens()["refresh"] != rotated["refresh"]
@@ -324,6 +361,7 @@ def test_oauth_sign_in_token_rotation_expiry_and_sign_out(open_page, web_stack, 
     set_access_token(web, forged_access_token(user_id, expires_in=-5))
     page.reload()
     expect(page.locator("#signin-notice")).to_have_text("Your session has expired. Sign in again.")
+    web.screenshot("session-expired-desktop-light")
     expect(page.get_by_role("link", name="Continue with GitHub")).to_be_visible()
     assert web.tokens() is None
 
@@ -361,6 +399,7 @@ def test_a_dropped_connection_resumes_without_duplicated_text(open_page, web_sta
         web.watch.allow("failed", "/events")
         proxy.cut()
         expect(answer.locator(".msg-status")).to_have_text("Connection lost. Reconnecting…")
+        web.screenshot("reconnecting-desktop-light")
         # The page comes back with Last-Event-ID and gets only what it missed. The final event is
         # held back, so what is on screen now was streamed, not corrected by the final message.
         wait_until(proxy.holding_terminal.is_set, timeout=ANSWER_TIMEOUT / 1000, what="the resumed stream")
@@ -386,7 +425,11 @@ def test_a_rate_limit_is_explained_with_its_wait(open_page, web_stack):
     chat_id = server.call("POST", "/chats", {}).json()["id"]
     prompt_id = server.call("POST", f"/chats/{chat_id}/prompter_message", {"content": "Hi"}).json()["id"]
     for _ in range(RATE_LIMIT_PER_MINUTE):
-        body = {"parent_id": prompt_id, "model_config_name": web_stack.model_name, "sampling_parameters": {"max_new_tokens": 1}}
+        body = {
+            "parent_id": prompt_id,
+            "model_config_name": web_stack.model_name,
+            "sampling_parameters": {"max_new_tokens": 1},
+        }
         answer = server.call("POST", f"/chats/{chat_id}/assistant_message", body)
         assert answer.status_code == 200, answer.text
         server.call("POST", f"/chats/{chat_id}/messages/{answer.json()['id']}/cancel")
@@ -394,14 +437,17 @@ def test_a_rate_limit_is_explained_with_its_wait(open_page, web_stack):
     web.sign_in(name)
     web.watch.allow("status 429", "/assistant_message")
     web.send("One more, please.")
-    error = web.prompts.last.get_by_role("alert")
-    expect(error).to_have_text(re.compile(r"^You have reached the limit of answers per minute\. Try again in \d+ s\.$"))
+    error = web.page.locator("#thread .answer-error").get_by_role("alert")
+    expect(error).to_have_text(
+        re.compile(r"^You have reached the limit of answers per minute\. Try again in \d+ s\.$")
+    )
     wait = int(re.search(r"in (\d+) s", error.inner_text()).group(1))
     assert 0 < wait <= 60
-    expect(web.prompts.last.get_by_role("button", name="Try again")).to_be_visible()
+    expect(web.page.locator("#thread .answer-error").get_by_role("button", name="Try again")).to_be_visible()
     # The prompt itself was kept; the composer is free for the next message.
     expect(web.prompts.last.locator(".msg-body")).to_have_text("One more, please.")
     expect(web.page.locator("#send")).to_be_enabled()
+    web.screenshot("rate-limit-desktop-light")
 
 
 def test_an_attack_in_an_answer_or_a_title_stays_inert(open_page, web_stack, hostile_model):
@@ -415,8 +461,22 @@ def test_an_attack_in_an_answer_or_a_title_stays_inert(open_page, web_stack, hos
     # The Markdown is rendered...
     expect(body.locator("strong")).to_have_text("bold")
     expect(body.locator("a", has_text="safe link")).to_have_attribute("rel", "noopener noreferrer nofollow")
-    expect(body.locator(".code-block pre code.hljs")).to_contain_text('<script>alert("this one is only code")</script>')
-    expect(body.get_by_role("button", name="Copy code")).to_be_visible()
+    expect(body.locator(".code-block pre code.hljs")).to_contain_text(
+        '<script>alert("this one is only code")</script>'
+    )
+    web.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=web_stack.url)
+    body.get_by_role("button", name="Copy code").click()
+    expect(body.get_by_role("button", name="Copy code")).to_have_text("Copied")
+    assert (
+        page.evaluate("() => navigator.clipboard.readText()")
+        == '<script>alert("this one is only code")</script>\n'
+    )
+    answer.get_by_role("button", name="Copy answer").click()
+    expect(page.locator("#toasts")).to_contain_text("Answer copied.")
+    assert (
+        page.evaluate("() => navigator.clipboard.readText()")
+        == server.chat(web.chat_id())["messages"][1]["content"]
+    )
     expect(body.locator("code").first).to_have_text("<b>inline code</b>")
     # HTML the model wrote is shown as the text it is.
     expect(body).to_contain_text('<script>window.__pwned = "script"</script>')
@@ -437,8 +497,17 @@ def test_an_attack_in_an_answer_or_a_title_stays_inert(open_page, web_stack, hos
           };
         }"""
     )
-    assert live == {"tags": [], "handlers": [], "badLinks": [], "classes": [], "pwned": None, "bodyShown": True}, live
-    expect(body.get_by_text("[image: tracking pixel]")).to_have_attribute("href", "http://127.0.0.1:9/pwned-pixel.png")
+    assert live == {
+        "tags": [],
+        "handlers": [],
+        "badLinks": [],
+        "classes": [],
+        "pwned": None,
+        "bodyShown": True,
+    }, live
+    expect(body.get_by_text("[image: tracking pixel]")).to_have_attribute(
+        "href", "http://127.0.0.1:9/pwned-pixel.png"
+    )
     expect(page.locator("#send")).to_have_count(1)  # the spoofed id="send" did not survive
     # The title (the first prompt) is shown as text, in the sidebar, the header and the tab.
     title = server.chat(web.chat_id())["title"]
@@ -461,7 +530,7 @@ def test_an_attack_in_an_answer_or_a_title_stays_inert(open_page, web_stack, hos
     hostile_model.stop()
     web.watch.allow("status 400", "/assistant_message")
     web.send("Are you still there?")
-    expect(web.prompts.last.get_by_role("alert")).to_have_text(
+    expect(web.page.locator("#thread .answer-error").get_by_role("alert")).to_have_text(
         f"{HOSTILE_MODEL} is not available any more. Pick another model."
     )
     expect(page.locator("#model")).to_have_value(web_stack.model_name)
@@ -517,7 +586,9 @@ def test_it_is_accessible_and_looks_right_on_a_desktop_and_a_phone(open_page, we
                 view.page.keyboard.press("Escape")
                 expect(view.page.get_by_role("button", name="Show chats")).to_be_focused()
             else:
-                assert order[:2] == ["New chat", order[1]] and order[1].startswith("Write a Python function"), order
+                assert order[:2] == ["New chat", order[1]] and order[1].startswith(
+                    "Write a Python function"
+                ), order
             if scheme == "dark" and label == "desktop":
                 view.page.get_by_role("button", name="Chat settings").click()
                 assert_accessible(view.page)
@@ -531,7 +602,9 @@ def test_offline_sending_keeps_the_message_and_says_why(open_page, web_stack):
     web.context.set_offline(True)
     web.watch.allow("failed", "/chats")
     web.send("Is anyone there?")
-    expect(page.locator("#banner")).to_have_text("Can't reach the server. Check your connection and try again.")
+    expect(page.locator("#banner")).to_have_text(
+        "Can't reach the server. Check your connection and try again."
+    )
     expect(page.locator("#input")).to_have_value("Is anyone there?")
     expect(web.prompts).to_have_count(0)
     web.context.set_offline(False)

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from playwright.sync_api import BrowserContext, Locator, Page, expect
+from playwright.sync_api import BrowserContext, Locator, Page, Request, expect
 
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("OASST_WEB_SCREENSHOTS", ROOT / "build" / "web-screenshots"))
@@ -40,19 +40,39 @@ def new_name(prefix: str = "web") -> str:
 class PageWatch:
     """Collects what goes wrong in a browser context. Tests declare what they provoke with
     ``allow``; ``assert_clean`` fails on anything else. A "Failed to load resource" console error
-    belongs to its request and is allowed with it."""
+    belongs to its request and is allowed with it.
+
+    One thing is not a failure: a request the browser abandons because its page is being replaced
+    (a reload, a link followed) ends as ``net::ERR_ABORTED``. Such a request was started before the
+    page's newest navigation began, which is how it is told apart."""
 
     problems: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, url, text)
     allowed: list[tuple[str, str]] = field(default_factory=list)  # (kind, url substring)
+    _navigations: dict[Page, int] = field(default_factory=dict)
+    _started_in: dict[Request, int] = field(default_factory=dict)
 
     def attach(self, page: Page) -> None:
+        self._navigations[page] = 0
         page.on("console", lambda m: self._console(m.type, m.text, m.location.get("url", "")))
         page.on("pageerror", lambda e: self.problems.append(("pageerror", page.url, str(e))))
-        page.on("requestfailed", lambda r: self.problems.append(("failed", r.url, str(r.failure))))
+        page.on("request", lambda r: self._request(page, r))
+        page.on("requestfailed", lambda r: self._failed(page, r))
         page.on(
             "response",
             lambda r: r.status >= 400 and self.problems.append((f"status {r.status}", r.url, r.status_text)),
         )
+
+    def _request(self, page: Page, request: Request) -> None:
+        if request.is_navigation_request() and request.frame == page.main_frame:
+            self._navigations[page] += 1
+        self._started_in[request] = self._navigations[page]
+
+    def _failed(self, page: Page, request: Request) -> None:
+        abandoned = request.failure == "net::ERR_ABORTED" and (
+            self._started_in.get(request, 0) < self._navigations[page]
+        )
+        if not abandoned:
+            self.problems.append(("failed", request.url, str(request.failure)))
 
     def _console(self, kind: str, text: str, url: str) -> None:
         if kind in ("error", "warning"):

@@ -35,6 +35,7 @@ from oasst_inference_server.routes.responses import document_errors
 from oasst_inference_server.settings import Settings, get_settings
 from oasst_inference_server.worker_registry import WorkerRegistry
 
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
 

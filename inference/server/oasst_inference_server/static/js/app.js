@@ -31,6 +31,7 @@ const settingsDialog = new SettingsDialog(preferences, {
   },
 });
 let started = false;
+let sending = false; // a prompt is on its way (the model poll may re-enable Send meanwhile)
 let modelTimer = null;
 
 function chatIdFromLocation() {
@@ -82,7 +83,7 @@ function showModels() {
   select.disabled = preferences.models.length === 0;
   if (current) select.value = current.name;
   $("model-description").textContent = current?.description || "";
-  $("send").disabled = !current;
+  $("send").disabled = !current || sending;
   if (!current) {
     showBanner("No model is available right now: no worker is connected. This page checks again every few seconds.", { info: true });
   } else if ($("banner").classList.contains("info")) showBanner("");
@@ -104,7 +105,8 @@ function setSidebar(open) {
 async function submit() {
   const input = $("input");
   const text = input.value.trim();
-  if (!text || $("send").disabled || chat.activeAnswer()) return;
+  if (!text || sending || !preferences.model() || chat.activeAnswer()) return;
+  sending = true;
   input.value = "";
   autosize(input);
   $("send").disabled = true;
@@ -116,6 +118,7 @@ async function submit() {
     autosize(input);
     showBanner(describeError(error, { model: preferences.model()?.name }));
   } finally {
+    sending = false;
     $("send").disabled = !preferences.model();
     input.focus();
   }

@@ -25,7 +25,11 @@ export class ChatController {
       retryAnswer: (prompt) => this.requestAnswer(prompt.id),
       vote: (message, score) => this.vote(message, score),
       report: (message) => this.report(message),
-      copy: (message) => copyText(message.content).then(() => toast("Answer copied.")),
+      copy: (message) =>
+        copyText(message.content).then(
+          () => toast("Answer copied."),
+          () => toast("The answer could not be copied (the browser refused).", { error: true }),
+        ),
       redraw: () => this.render(),
     });
     this.reset(null);
@@ -81,6 +85,7 @@ export class ChatController {
     const active = Boolean(this.activeAnswer());
     $("send").hidden = active;
     $("stop").hidden = !active;
+    if (!active) $("stop").disabled = false;
     $("messages").setAttribute("aria-busy", String(active));
   }
 
@@ -238,10 +243,12 @@ export class ChatController {
 
   async stop() {
     const answer = this.activeAnswer();
-    if (!answer) return;
+    if (!answer || $("stop").disabled) return;
+    $("stop").disabled = true; // until the answer ends (or the cancel fails)
     try {
       await api.post(`/chats/${this.chat.id}/messages/${answer.id}/cancel`, {});
     } catch (error) {
+      $("stop").disabled = false;
       toast(`Could not stop the answer: ${describeError(error)}`, { error: true });
     }
   }

@@ -20,10 +20,12 @@ export async function* parseEventStream(body) {
   try {
     for (;;) {
       const { value, done } = await reader.read();
-      if (done) return;
-      buffer += value;
-      const lines = buffer.split(/\r\n|\r|\n/);
-      buffer = lines.pop(); // an incomplete last line waits for more bytes
+      if (done && !buffer.endsWith("\r")) return;
+      buffer += done ? "\n" : value; // at the end, a CR held back below did end its line
+      // A CR at the very end may be the first half of a CRLF split between two chunks: hold it.
+      const cut = buffer.endsWith("\r") ? buffer.length - 1 : buffer.length;
+      const lines = buffer.slice(0, cut).split(/\r\n|\r|\n/);
+      buffer = lines.pop() + buffer.slice(cut); // an incomplete last line waits for more bytes
       for (const line of lines) {
         if (line === "") {
           if (data.length || id !== null) yield { id, data: data.join("\n") };
@@ -38,6 +40,7 @@ export async function* parseEventStream(body) {
         if (field === "data") data.push(text);
         else if (field === "id") id = text;
       }
+      if (done) return;
     }
   } finally {
     reader.releaseLock();

@@ -107,8 +107,12 @@ export function renderInto(container, text, { final = true } = {}) {
     const language = final ? highlight(code) : "";
     const copy = h("button", { type: "button", className: "ghost", "aria-label": "Copy code" }, "Copy");
     copy.addEventListener("click", async () => {
-      await copyText(code.textContent);
-      copy.textContent = "Copied";
+      try {
+        await copyText(code.textContent);
+        copy.textContent = "Copied";
+      } catch {
+        copy.textContent = "Copy failed";
+      }
       setTimeout(() => { copy.textContent = "Copy"; }, 1500);
     });
     const head = h("div", { className: "code-head" }, h("span", {}, language || "code"), final ? copy : null);

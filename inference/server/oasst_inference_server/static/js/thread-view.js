@@ -67,10 +67,11 @@ export class ThreadView {
     const stick = this.nearBottom();
     $("empty-chat").hidden = thread.length > 0;
     const items = thread.map((message) =>
-      message.role === "prompter"
-        ? this.prompt(message, tree, answerErrors.get(message.id), message === thread[thread.length - 1])
-        : this.answer(message, tree, streams.get(message.id)),
+      message.role === "prompter" ? this.prompt(message, tree) : this.answer(message, tree, streams.get(message.id)),
     );
+    const last = thread.at(-1);
+    const failed = last?.role === "prompter" && answerErrors.get(last.id);
+    if (failed) items.push(this.answerError(last, failed));
     this.list.replaceChildren(...items);
     if (focusKey) this.list.querySelector(`[data-focus-key="${CSS.escape(focusKey)}"]`)?.focus();
     if (stick) this.scrollToBottom();
@@ -122,9 +123,9 @@ export class ThreadView {
     return h("button", { type: "button", className: "ghost", "aria-label": label, title: label, onclick, ...extra }, icon(name));
   }
 
-  prompt(message, tree, answerError, last) {
+  prompt(message, tree) {
     if (this.editing === message.id) return this.editor(message);
-    const item = h(
+    return h(
       "li",
       { className: "msg prompter", dataset: { id: message.id }, "aria-label": "Your message" },
       h("div", { className: "msg-body" }, message.content),
@@ -135,14 +136,20 @@ export class ThreadView {
         this.button("pencil", "Edit message", () => this.startEdit(message.id), { dataset: { focusKey: `${message.id}:edit` } }),
       ),
     );
-    if (answerError && last) {
-      item.append(
-        h("p", { className: "msg-status error", role: "alert" }, describeError(answerError.error, { model: answerError.model })),
-        h("div", { className: "msg-actions" },
-          h("button", { type: "button", className: "secondary small", onclick: () => this.actions.retryAnswer(message) }, "Try again")),
-      );
-    }
-    return item;
+  }
+
+  /** Where the answer to the last prompt would be, when asking for it failed: why, and a retry. */
+  answerError(prompt, { error, model }) {
+    return h(
+      "li",
+      { className: "msg assistant", "aria-label": "No answer" },
+      h(
+        "div",
+        { className: "answer-error" },
+        h("p", { role: "alert" }, describeError(error, { model })),
+        h("button", { type: "button", className: "secondary small", onclick: () => this.actions.retryAnswer(prompt) }, "Try again"),
+      ),
+    );
   }
 
   startEdit(id) {
