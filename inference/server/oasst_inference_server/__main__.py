@@ -1,28 +1,26 @@
-"""``oasst-server``: run the inference server with uvicorn."""
+"""``oasst-server``: run the inference server; ``oasst-server admin ...``: the operator's commands."""
 
 from __future__ import annotations
 
-import uvicorn
+import sys
 
-from oasst_inference_server.logging_setup import configure_logging
-from oasst_inference_server.main import create_app
-from oasst_inference_server.settings import get_settings
+USAGE = """usage: oasst-server             run the server (settings: OASST_SERVER_* variables, docs/configuration.md)
+       oasst-server admin ...   operator commands: create-worker-key, create-api-key, migrate
+                                (oasst-server admin --help)"""
 
 
 def main() -> None:
-    settings = get_settings()
-    configure_logging(settings.log_level)
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        timeout_graceful_shutdown=10,
-        ws_ping_interval=None,  # the protocol has its own pings with capacity reports
-        # Worker frames are a few dozen bytes: deflate would cost CPU per token on both ends and save
-        # next to nothing.
-        ws_per_message_deflate=False,
-    )
+    args = sys.argv[1:]
+    if args[:1] == ["admin"]:
+        from oasst_inference_server.admin_cli import main as admin_main
+
+        sys.exit(admin_main(args[1:]))
+    if args:
+        print(USAGE, file=sys.stderr if args[0] not in ("-h", "--help") else sys.stdout)
+        sys.exit(0 if args[0] in ("-h", "--help") else 2)
+    from oasst_inference_server.serve import run
+
+    run()
 
 
 if __name__ == "__main__":

@@ -46,24 +46,51 @@ _bearer = HTTPBearer(auto_error=False)
 _trusted_client = APIKeyHeader(name=TRUSTED_CLIENT_HEADER, auto_error=False, scheme_name="TrustedClient")
 
 
-async def get_current_user(
-    settings: SettingsDep,
-    session: SessionDep,
-    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-    trusted_client: Annotated[str | None, Depends(_trusted_client)],
-) -> DbUser:
-    """The user of a bearer access token, or the one a trusted frontend speaks for."""
-    if trusted_client is not None:
-        return await trusted_client_user(session, settings, trusted_client)
-    if credentials is None or credentials.scheme.lower() != "bearer":
-        raise ApiError(401, "not_authenticated", "not authenticated", {"WWW-Authenticate": "Bearer"})
-    user_id = verify_token(settings, credentials.credentials, "access")
+async def _user_of_access_token(settings: Settings, session: AsyncSession, token: str) -> DbUser:
+    user_id = verify_token(settings, token, "access")
     user = await session.get(DbUser, user_id)
     if user is None or user.deleted:
         raise ApiError(401, "invalid_token", "unknown user", {"WWW-Authenticate": "Bearer"})
     return user
 
 
+async def _user_of_api_key(session: AsyncSession, key: str) -> tuple[DbUser, str]:
+    found = await authenticate_api_key(session, key)
+    if found is None:
+        raise ApiError(401, "invalid_api_key", "invalid or revoked API key", {"WWW-Authenticate": "Bearer"})
+    user, row = found
+    return user, row.id
+
+
+async def get_signed_in_user(
+    settings: SettingsDep,
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    trusted_client: Annotated[str | None, Depends(_trusted_client)],
+) -> DbUser:
+    """The user of a bearer access token, or the one a trusted frontend speaks for (no API key:
+    managing keys and the account needs a sign-in)."""
+    if trusted_client is not None:
+        return await trusted_client_user(session, settings, trusted_client)
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise ApiError(401, "not_authenticated", "not authenticated", {"WWW-Authenticate": "Bearer"})
+    return await _user_of_access_token(settings, session, credentials.credentials)
+
+
+async def get_current_user(
+    settings: SettingsDep,
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    trusted_client: Annotated[str | None, Depends(_trusted_client)],
+) -> DbUser:
+    """As ``get_signed_in_user``, and also the owner of an API key (``Bearer oak-...``): clients
+    without a browser, such as the text-client, chat with a key."""
+    if trusted_client is None and credentials is not None and is_api_key(credentials.credentials):
+        return (await _user_of_api_key(session, credentials.credentials))[0]
+    return await get_signed_in_user(settings, session, credentials, trusted_client)
+
+
+SignedInUser = Annotated[DbUser, Depends(get_signed_in_user)]
 CurrentUser = Annotated[DbUser, Depends(get_current_user)]
 
 
@@ -90,18 +117,9 @@ async def get_caller(
         )
     token = credentials.credentials
     if is_api_key(token):
-        found = await authenticate_api_key(session, token)
-        if found is None:
-            raise ApiError(
-                401, "invalid_api_key", "invalid or revoked API key", {"WWW-Authenticate": "Bearer"}
-            )
-        user, key = found
-        return Caller(user, key.id)
-    user_id = verify_token(settings, token, "access")
-    user = await session.get(DbUser, user_id)
-    if user is None or user.deleted:
-        raise ApiError(401, "invalid_token", "unknown user", {"WWW-Authenticate": "Bearer"})
-    return Caller(user)
+        user, key_id = await _user_of_api_key(session, token)
+        return Caller(user, key_id)
+    return Caller(await _user_of_access_token(settings, session, token))
 
 
 ApiCaller = Annotated[Caller, Depends(get_caller)]

@@ -24,6 +24,12 @@ class Settings(BaseSettings):
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_level: str = "INFO"
+    processes: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        description="Server processes sharing the port (uvicorn workers); more than one needs Redis and Postgres",
+    )
 
     database_url: str = "sqlite+aiosqlite:///./.data/oasst-inference.db"
     database_pool_size: int = Field(default=20, ge=1)
@@ -136,6 +142,13 @@ class Settings(BaseSettings):
             secret = getattr(self, f"auth_{provider}_client_secret")
             if client_id and (secret is None or secret in PLACEHOLDER_SECRETS):
                 raise ValueError(f"OASST_SERVER_AUTH_{provider.upper()}_CLIENT_SECRET is missing")
+        return self
+
+    @model_validator(mode="after")
+    def _several_processes_share_redis_and_postgres(self) -> Settings:
+        # The in-process broker lives in one process, and SQLite takes one writer.
+        if self.processes > 1 and (not (self.broker_url or "").startswith("redis") or self.is_sqlite):
+            raise ValueError("OASST_SERVER_PROCESSES > 1 needs the Redis broker and Postgres")
         return self
 
     @property

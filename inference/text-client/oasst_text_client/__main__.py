@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from pydantic import ValidationError
 
-from oasst_text_client._exceptions import TextClientError, UsageError
+from oasst_text_client._exceptions import ApiError, TextClientError, UsageError
 from oasst_text_client.api import ChatApiClient
 from oasst_text_client.cli import CliOptions, parse_args
 from oasst_text_client.pipe import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, run_pipe
@@ -38,7 +38,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _run(options: CliOptions, interactive: bool) -> int:
     with ChatApiClient(options.server_url) as api:
-        api.login(options.username)
+        user = _sign_in(api, options)
         models = api.list_models()
         if options.list_models:
             for model in models:
@@ -53,12 +53,33 @@ def _run(options: CliOptions, interactive: bool) -> int:
         session = ChatSession(api, model.name, sampling, options.system_prompt)
         if interactive:
             banner = (
-                f"Connected to {options.server_url} as {options.username}; model {model.name}. "
+                f"Connected to {options.server_url} as {user}; model {model.name}. "
                 "Type /help for commands, Ctrl-D to quit."
             )
             return Repl(session, sys.stdout, history=open_history(options.history_file)).run(banner)
         print(f"oasst-chat: model {model.name}", file=sys.stderr)
         return run_pipe(session, sys.stdin, sys.stdout, sys.stderr, buffer=options.buffer)
+
+
+def _sign_in(api: ChatApiClient, options: CliOptions) -> str:
+    """Sign in with the API key, or else through the debug login; the user's name."""
+    if options.api_key:
+        api.use_api_key(options.api_key)
+        try:
+            return api.whoami().display_name
+        except ApiError as exc:
+            if exc.status_code == 401:
+                raise UsageError(f"the server refused the API key: {exc.detail}") from exc
+            raise
+    try:
+        api.login(options.username)
+    except ApiError as exc:
+        if exc.code == "debug_auth_disabled":
+            raise UsageError(
+                "this server has no debug login (production): sign in with --api-key or OASST_API_KEY"
+            ) from exc
+        raise
+    return options.username
 
 
 def _silence_stdout() -> None:

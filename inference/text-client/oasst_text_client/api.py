@@ -14,6 +14,7 @@ from pydantic import BaseModel, TypeAdapter, ValidationError
 from oasst_shared.sampling import SamplingParameters
 from oasst_shared.schemas import (
     TERMINAL_EVENT_TYPES,
+    AuthCheckResponse,
     ChatRead,
     LoginResponse,
     MessageRead,
@@ -85,6 +86,15 @@ class ChatApiClient:
         token = _parse(LoginResponse, body, "login")
         self._http.headers["Authorization"] = f"Bearer {token.access_token.access_token}"
         self._username = username
+
+    def use_api_key(self, key: str) -> None:
+        """Sign in with a user's API key (it does not expire; a 401 means it was revoked)."""
+        self._http.headers["Authorization"] = f"Bearer {key}"
+        self._username = None
+
+    def whoami(self) -> AuthCheckResponse:
+        """The signed-in user (a 401 here means the key or token is not accepted)."""
+        return _parse(AuthCheckResponse, self._request("GET", "/auth/check"), "sign-in check")
 
     def list_models(self) -> list[ModelConfigInfo]:
         body = self._request("GET", "/configs/model_configs")

@@ -42,6 +42,7 @@ _SCALAR_SAMPLING_FIELDS = (
 class CliOptions:
     server_url: str
     username: str
+    api_key: str | None
     model: str | None
     system_prompt: str | None
     sampling_overrides: dict[str, object] = field(default_factory=dict)
@@ -75,7 +76,15 @@ def build_parser(env: Mapping[str, str] | None = None) -> argparse.ArgumentParse
     conn.add_argument(
         "--username",
         default=env.get("OASST_USERNAME") or DEFAULT_USERNAME,
-        help="user to log in as through the debug login (env OASST_USERNAME; default %(default)s)",
+        help="user to log in as through the debug login of a development server (env OASST_USERNAME; "
+        "default %(default)s)",
+    )
+    conn.add_argument(
+        "--api-key",
+        default=env.get("OASST_API_KEY") or None,
+        help="sign in with this API key instead (env OASST_API_KEY; a production server has no debug "
+        "login): create one with POST /api_keys when signed in on the web page, or ask the operator "
+        "(oasst-server admin create-api-key)",
     )
     conn.add_argument(
         "--model",
@@ -155,9 +164,11 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
     if error:
         parser.error(error)
 
+    api_key = (args.api_key or "").strip() or None
     return CliOptions(
         server_url=server_url,
         username=args.username,
+        api_key=api_key,
         model=args.model,
         system_prompt=args.system_prompt or None,
         sampling_overrides=overrides,

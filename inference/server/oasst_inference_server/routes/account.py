@@ -6,7 +6,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 
 from oasst_inference_server.accounts import delete_account
-from oasst_inference_server.deps import CurrentUser, SessionDep
+from oasst_inference_server.deps import SessionDep, SignedInUser
 from oasst_inference_server.routes.auth import user_read
 from oasst_inference_server.routes.responses import AUTH, error
 from oasst_inference_server.user_settings import load_user_settings, save_user_settings
@@ -16,12 +16,12 @@ router = APIRouter(prefix="/account", tags=["account"])
 
 
 @router.get("", response_model=UserRead, responses=AUTH)
-async def get_account(user: CurrentUser) -> UserRead:
+async def get_account(user: SignedInUser) -> UserRead:
     return user_read(user)
 
 
 @router.delete("", status_code=204, responses=AUTH)
-async def delete_own_account(request: Request, user: CurrentUser, session: SessionDep) -> Response:
+async def delete_own_account(request: Request, user: SignedInUser, session: SessionDep) -> Response:
     """Delete the account: running answers are cancelled, chats that did not allow data use are
     deleted, the rest is kept anonymised, and every token stops working."""
     await delete_account(session, request.app.state.lifecycle, user)

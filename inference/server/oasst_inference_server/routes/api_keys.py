@@ -9,7 +9,7 @@ from fastapi import APIRouter, Response
 from sqlalchemy import func, select
 
 from oasst_inference_server.api_key_store import create_api_key
-from oasst_inference_server.deps import CurrentUser, SessionDep
+from oasst_inference_server.deps import SessionDep, SignedInUser
 from oasst_inference_server.errors import ApiError, not_found
 from oasst_inference_server.models import DbApiKey, utcnow
 from oasst_inference_server.routes.responses import AUTH, error
@@ -42,7 +42,7 @@ def to_api_key_read(row: DbApiKey) -> ApiKeyRead:
     status_code=201,
     responses={**AUTH, 409: error("Too many active keys")},
 )
-async def create_key(body: CreateApiKeyRequest, user: CurrentUser, session: SessionDep) -> ApiKeyCreated:
+async def create_key(body: CreateApiKeyRequest, user: SignedInUser, session: SessionDep) -> ApiKeyCreated:
     """Create a key. The response carries the key itself, once: only its hash is stored."""
     active = (
         await session.execute(
@@ -56,7 +56,7 @@ async def create_key(body: CreateApiKeyRequest, user: CurrentUser, session: Sess
 
 
 @router.get("", response_model=ListApiKeysResponse, responses=AUTH)
-async def list_keys(user: CurrentUser, session: SessionDep) -> ListApiKeysResponse:
+async def list_keys(user: SignedInUser, session: SessionDep) -> ListApiKeysResponse:
     """The user's keys, newest first, revoked ones included (their usage stays theirs)."""
     rows = (
         await session.execute(
@@ -71,7 +71,7 @@ async def list_keys(user: CurrentUser, session: SessionDep) -> ListApiKeysRespon
     status_code=204,
     responses={**AUTH, 404: error("No such key for this user")},
 )
-async def revoke_key(key_id: str, user: CurrentUser, session: SessionDep) -> Response:
+async def revoke_key(key_id: str, user: SignedInUser, session: SessionDep) -> Response:
     """Revoke a key at once; requests with it get 401 from now on."""
     row = await session.get(DbApiKey, key_id)
     if row is None or row.user_id != user.id:
