@@ -16,9 +16,12 @@ export CMAKE_ARGS=${CMAKE_ARGS:-"-DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF -DGGML_AVX=
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
 log=$(mktemp)
 tmp=$(mktemp -d)
-# Show the compiler's percentage lines as progress; keep the whole log for failures.
+# Progress: the build's step counter, "[12/180] Building C object ..." (Ninja, which scikit-build-core
+# uses) or "[ 12%] ..." (Make), each line cut to the terminal's width; the whole log is kept for failures.
+cols=$( (tput cols 2>/dev/null || echo 100) | tail -1)
 if ! "$PYTHON" -m pip wheel -v --no-deps -w "$tmp" "llama-cpp-python==$VERSION" 2>&1 \
-        | tee "$log" | grep --line-buffered -oE '^\s*\[ *[0-9]+%\].*' | sed -u 's/^\s*/    /'; then
+        | tee "$log" | grep --line-buffered -oE '^\s*\[ *[0-9]+(%|/[0-9]+)\].*' \
+        | sed -u -E -e 's/^\s*/    /' -e 's|/[^ ]*/vendor/llama.cpp/||' -e "s/^(.{$((cols - 1))}).*/\1/"; then
     :
 fi
 if ! ls "$tmp"/llama_cpp_python-*.whl >/dev/null 2>&1; then

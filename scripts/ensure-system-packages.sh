@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # System tools the tests drive: Chromium (web page tests), tmux (full-dev-setup.sh), redis-server
-# (the Redis fault tests start their own), docker-compose v1 and shellcheck (they validate the compose
-# file and the shell scripts; no Docker engine is needed). Installed with apt when missing and we are root;
-# otherwise we say what is missing and the tests that need it fail with a clear message.
+# (the Redis fault tests start their own), shellcheck (the shell scripts), and Docker's engine with
+# docker-compose v1 and debootstrap (tests/ops/test_compose_stack.py starts its own dockerd, builds the
+# images and runs the compose stack). Installed with apt when missing and we are root; otherwise we
+# say what is missing and the tests that need it fail with a clear message.
 set -euo pipefail
 missing=()
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+command -v dockerd >/dev/null 2>&1 || missing+=(docker.io)
+command -v debootstrap >/dev/null 2>&1 || missing+=(debootstrap)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" = "0" ] && command -v apt-get >/dev/null 2>&1; then

@@ -11,7 +11,7 @@ from prometheus_client.metrics import MetricWrapperBase
 from oasst_inference_server import metrics as server_metrics
 from oasst_worker import metrics as worker_metrics
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "docs" / "grafana" / "oasst-inference-dashboard.json"
+DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "dashboards" / "oasst-inference.json"
 
 
 def exported_names() -> set[str]:

@@ -28,6 +28,13 @@ def test_defaults() -> None:
     assert options.sampling_overrides == {}
     assert options.buffer is False
     assert options.history_file == Path("/home/u/.local/state/oasst-chat/history")
+    assert options.api_key is None
+
+
+def test_an_api_key_from_the_flag_or_the_environment() -> None:
+    assert parse_args([], env={"OASST_API_KEY": "oak-from-env"}).api_key == "oak-from-env"
+    assert parse_args(["--api-key", "oak-flag"], env={"OASST_API_KEY": "oak-env"}).api_key == "oak-flag"
+    assert parse_args(["--api-key", "  "], env={}).api_key is None
 
 
 def test_environment_supplies_defaults_and_flags_win() -> None:

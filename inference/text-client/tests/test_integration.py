@@ -209,3 +209,34 @@ def test_unreachable_server_is_a_clear_error(
         output = child.before
     assert f"oasst-chat: error: cannot reach the inference server at {closed_port_url}" in output
     assert "Traceback" not in output
+
+
+def test_pipe_mode_signs_in_with_an_api_key(embedded_stack: Any, client_env: dict[str, str]) -> None:
+    """How the client signs in on a production server (no debug login): a user's API key."""
+    user = unique_user()
+    reader = StackReader(embedded_stack.url, user)
+    created = reader.http.post("/api_keys", json={"name": "terminal"}).json()
+    result = subprocess.run(
+        [OASST_CHAT, "--server-url", embedded_stack.url, "--max-new-tokens", "24"],
+        input="Say hello.\n",
+        capture_output=True,
+        text=True,
+        env={**client_env, "OASST_API_KEY": created["key"]},
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    # The answer went to the key's owner, not to the debug login's default user.
+    chat = reader.only_chat()
+    assert chat["messages"][-1]["content"].strip() == result.stdout.strip()
+
+    assert reader.http.delete(f"/api_keys/{created['id']}").status_code == 204
+    refused = subprocess.run(
+        [OASST_CHAT, "--server-url", embedded_stack.url, "--api-key", created["key"]],
+        input="Say hello.\n",
+        capture_output=True,
+        text=True,
+        env=client_env,
+        timeout=60,
+    )
+    assert refused.returncode == 1
+    assert "the server refused the API key: invalid or revoked API key" in refused.stderr
