@@ -49,7 +49,9 @@ def main() -> None:
         sys.stdout.flush()
     if tty and width:
         sys.stdout.write("\n")
-    sys.stdout.write(f"    {label}: done in {time.monotonic() - start:.0f}s ({count} packages, {downloaded} downloaded)\n")
+    sys.stdout.write(
+        f"    {label}: done in {time.monotonic() - start:.0f}s ({count} packages, {downloaded} downloaded)\n"
+    )
 
 
 if __name__ == "__main__":
