@@ -39,6 +39,7 @@ import httpx
 import pytest
 import yaml
 
+from conftest import free_port
 from tests.ops import docker_engine
 from tests.ops.docker_engine import Compose, DockerEngine, DockerUnavailable, Timer, log
 
@@ -72,14 +73,6 @@ SECRET_NAMES = (
 )
 # Long enough an answer (hundreds of tokens) that the kill lands while it is being generated.
 STORY = "Write a very long story about a dragon who learns to bake bread, in ten chapters."
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
