@@ -60,3 +60,13 @@ lock server "$OWN" ./oasst_shared ./inference/server
 lock worker "$OWN" ./oasst_shared ./inference/worker
 # llama-cpp-python itself comes from the wheel stage of Dockerfile.cpu-backend; its dependencies are pinned here.
 lock cpu-backend "$OWN|llama-cpp-python" ./oasst_shared "./inference/worker[cpu]" "llama-cpp-python==$LLAMA_CPP_VERSION"
+# torch's CPU build (PyPI's is the CUDA one): from a folder holding its wheel, or PyTorch's CPU index.
+TORCH_FIND_LINKS=${TORCH_FIND_LINKS:-/opt/wheels}
+TORCH_INDEX_URL=${TORCH_INDEX_URL:-}
+lock worker-embedding "$OWN" --find-links "$TORCH_FIND_LINKS" ${TORCH_INDEX_URL:+--extra-index-url "$TORCH_INDEX_URL"} \
+    ./oasst_shared "./inference/worker[embedding]"
+if ! grep -q '^torch==.*+cpu$' "$OUT/worker-embedding.txt"; then
+    echo "!!! worker-embedding: torch is not the CPU build: set TORCH_FIND_LINKS to a folder with its wheel," >&2
+    echo "!!! or TORCH_INDEX_URL=https://download.pytorch.org/whl/cpu" >&2
+    exit 1
+fi

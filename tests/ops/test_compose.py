@@ -26,6 +26,7 @@ PROFILES = {
     "inference": {"postgres", "redis", "server", "lb", "tgi", "worker"},
     "inference-cpu": {"postgres", "redis", "server", "lb", "cpu-backend", "worker-cpu"},
     "monitoring": {"prometheus", "grafana"},
+    "embedding": {"worker-embedding"},
 }
 INFERENCE_PROFILES = ("inference", "inference-cpu")
 # What an operator must provide; compose refuses to start without them.
@@ -81,6 +82,7 @@ OWN_IMAGES = {
     "inference/server/Dockerfile": "oasst_inference_server.settings:Settings",
     "inference/worker/Dockerfile": "oasst_worker.settings:WorkerSettings",
     "inference/worker/Dockerfile.cpu-backend": "oasst_cpu_backend.settings:Settings",
+    "inference/worker/Dockerfile.embedding": "oasst_worker.settings:WorkerSettings",
 }
 
 
@@ -313,7 +315,9 @@ def test_an_unread_variable_is_caught():
     assert problems == ["server: OASST_SERVER_BROKER_URI is not read by inference/server/Dockerfile"]
 
 
-@pytest.mark.parametrize("service_name", ["server", "worker", "worker-cpu", "cpu-backend"])
+@pytest.mark.parametrize(
+    "service_name", ["server", "worker", "worker-cpu", "cpu-backend", "worker-embedding"]
+)
 def test_the_settings_accept_the_values_the_compose_file_sets(service_name, monkeypatch, tmp_path):
     """Each component validates its compose environment (the server in production mode, too)."""
     service = load_compose()["services"][service_name]
@@ -543,6 +547,7 @@ LOCKED_IMAGES = {
     "server.txt": (ROOT / "inference/server/pyproject.toml", ()),
     "worker.txt": (ROOT / "inference/worker/pyproject.toml", ()),
     "cpu-backend.txt": (ROOT / "inference/worker/pyproject.toml", ("cpu",)),
+    "worker-embedding.txt": (ROOT / "inference/worker/pyproject.toml", ("embedding",)),
 }
 
 

@@ -46,14 +46,20 @@ from tests.ops.docker_engine import Compose, DockerEngine, DockerUnavailable, Ti
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
 ROOT = Path(__file__).resolve().parents[2]
-PROFILES = ("inference-cpu", "monitoring")
-BUILT_SERVICES = ("server", "worker-cpu", "cpu-backend")
+PROFILES = ("inference-cpu", "monitoring", "embedding")
+BUILT_SERVICES = ("server", "worker-cpu", "cpu-backend", "worker-embedding")
 IMAGES = {
     "server": "oasst-inference-server",
     "worker-cpu": "oasst-inference-worker",
     "cpu-backend": "oasst-cpu-backend",
+    "worker-embedding": "oasst-inference-worker-embedding",
 }
-LOCKS = {"server": "server.txt", "worker-cpu": "worker.txt", "cpu-backend": "cpu-backend.txt"}
+LOCKS = {
+    "server": "server.txt",
+    "worker-cpu": "worker.txt",
+    "cpu-backend": "cpu-backend.txt",
+    "worker-embedding": "worker-embedding.txt",
+}
 STANDIN_SERVICES = {
     "postgres": "postgres",
     "redis": "redis",
@@ -62,6 +68,7 @@ STANDIN_SERVICES = {
     "grafana": "grafana",
 }
 MODEL = "SmolLM2-135M-Instruct"
+EMBEDDING_MODEL = "all-MiniLM-L6-v2"
 PROJECT = "oasst-stack-test"
 IMAGE_TAG = "stacktest"
 SECRET_NAMES = (
@@ -174,6 +181,23 @@ def reuse_llama_wheel(project: Path) -> None:
         log(f"cpu-backend: no cached llama-cpp-python wheel in {wheelhouse}: the image build compiles it")
 
 
+def reuse_torch_wheel(project: Path) -> None:
+    """torch's CPU build for the embedding image (PyPI's is the CUDA build; PyTorch's index is not
+    reachable here): the wheel this machine keeps in pip's find-links folder."""
+    pin = next(
+        line.split("==")[1]
+        for line in (ROOT / "deploy/requirements/worker-embedding.txt").read_text().splitlines()
+        if line.startswith("torch==")
+    )
+    folders = [Path(p) for p in os.environ.get("PIP_FIND_LINKS", "/opt/wheels").split()] + [
+        Path("/opt/wheels")
+    ]
+    wheels = sorted(w for folder in folders for w in folder.glob(f"torch-{pin}-cp311-*.whl"))
+    assert wheels, f"no torch {pin} wheel in {folders}: the embedding image needs one (or TORCH_INDEX_URL)"
+    shutil.copy2(wheels[0], project / "deploy" / "wheels" / wheels[0].name)
+    log(f"worker-embedding: torch from {wheels[0]}")
+
+
 def write_env(project: Path, lb_port: int, prometheus_port: int, grafana_port: int) -> dict[str, str]:
     overrides = {
         "OASST_PUBLISHED_PORT": str(lb_port),
@@ -186,6 +210,7 @@ def write_env(project: Path, lb_port: int, prometheus_port: int, grafana_port: i
         "OASST_SERVER_AUTH_GITHUB_CLIENT_SECRET": uuid.uuid4().hex,
         "OASST_SERVER_TRUSTED_CLIENT_API_KEYS": json.dumps([uuid.uuid4().hex]),
         "OASST_IMAGE_TAG": IMAGE_TAG,
+        "TORCH_INDEX_URL": "",  # not reachable here: torch comes from deploy/wheels
     }
     # gen-env.sh writes any template variable set in its environment: nothing of the developer's
     # shell may leak into the .env, so it gets these alone.
@@ -249,6 +274,7 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
         log_dir = tmp_path_factory.mktemp("compose-logs")
         copy_working_tree(project)
         reuse_llama_wheel(project)
+        reuse_torch_wheel(project)
         lb_port, prometheus_port, grafana_port = free_port(), free_port(), free_port()
         env = write_env(project, lb_port, prometheus_port, grafana_port)
         compose = Compose(engine, project, PROJECT, PROFILES)
@@ -439,6 +465,28 @@ def test_a_worker_signs_in_with_a_key_from_the_admin_cli(stack: Stack) -> None:
         stack.engine.docker("rm", "-f", container, check=False)
 
 
+def test_embeddings_through_the_load_balancer(stack: Stack) -> None:
+    key = stack.admin_cli("create-api-key", "--user", "dora")
+    api = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    deadline = time.monotonic() + 180
+    while EMBEDDING_MODEL not in [m["id"] for m in api.get("/v1/models").json()["data"]]:
+        assert time.monotonic() < deadline, "the embedding worker did not connect"
+        time.sleep(2)
+    texts = ["a cat sleeps on the sofa", "a kitten naps on the couch", "the bond market fell today"]
+    answer = api.post("/v1/embeddings", json={"model": EMBEDDING_MODEL, "input": texts})
+    assert answer.status_code == 200, answer.text
+    vectors = [item["embedding"] for item in answer.json()["data"]]
+    assert [len(v) for v in vectors] == [384, 384, 384]
+
+    def cosine(a: list[float], b: list[float]) -> float:
+        return sum(x * y for x, y in zip(a, b, strict=True)) / (
+            sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5
+        )
+
+    # A real encoder: the two sentences about a cat are nearer each other than to the third.
+    assert cosine(vectors[0], vectors[1]) > cosine(vectors[0], vectors[2]) + 0.2
+
+
 # ---------------------------------------------------------------- a replica dies mid-answer
 
 
@@ -515,7 +563,7 @@ def prometheus_query(stack: Stack, query: str) -> list[dict[str, Any]]:
 
 
 def test_prometheus_scrapes_every_replica_worker_backend_and_the_balancer(stack: Stack) -> None:
-    wanted = {"server": 2, "worker": 1, "cpu-backend": 1, "lb": 1}
+    wanted = {"server": 2, "worker": 2, "cpu-backend": 1, "lb": 1}
     deadline = time.monotonic() + 90
     up: dict[str, int] = {}
     while time.monotonic() < deadline:
