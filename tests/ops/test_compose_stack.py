@@ -427,6 +427,17 @@ def test_production_sign_in_without_the_development_login(stack: Stack) -> None:
     assert client.get("/api_keys", headers=bearer).status_code == 401  # a key cannot manage keys
 
 
+def test_the_web_chat_page_and_everything_it_loads_come_from_the_image(stack: Stack) -> None:
+    """The page and its local assets are served by the server image (package data installed without
+    an editable checkout), through the load balancer."""
+    page = httpx.get(f"{stack.url}/", timeout=30)
+    assert page.status_code == 200 and "<html" in page.text.lower()
+    local = re.findall(r'(?:src|href)="(?!https?:|data:|#|mailto:|//)([^"]+)"', page.text)
+    for path in set(local):
+        url = httpx.URL(f"{stack.url}/").join(path)
+        assert httpx.get(url, timeout=30).status_code == 200, path
+
+
 def test_the_text_client_chats_through_the_load_balancer(stack: Stack) -> None:
     key = stack.admin_cli("create-api-key", "--user", "bob")
     result = stack.chat(key, "Say hello in five words.", "--greedy", "--max-new-tokens", "24", "--buffer")
