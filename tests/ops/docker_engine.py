@@ -436,6 +436,7 @@ def build_project_images(compose: Compose, services: Sequence[str], log_dir: Pat
                 "build",
                 "-t",
                 f"oasst-build-cache/{service}:latest",
+                *[f"--build-arg={name}={value}" for name, value in (build.get("args") or {}).items()],
                 "-f",
                 str(context / build["dockerfile"]),
                 str(context),
