@@ -29,7 +29,7 @@ async def delete_own_account(request: Request, user: SignedInUser, session: Sess
 
 
 @router.get("/settings", response_model=UserSettings, responses=AUTH)
-async def get_user_settings(user: CurrentUser, session: SessionDep) -> UserSettings:
+async def get_user_settings(user: SignedInUser, session: SessionDep) -> UserSettings:
     """The user's client settings (the defaults until the first ``PUT``)."""
     return await load_user_settings(session, user.id)
 
@@ -39,6 +39,6 @@ async def get_user_settings(user: CurrentUser, session: SessionDep) -> UserSetti
     response_model=UserSettings,
     responses={**AUTH, 422: error("Invalid fields, or more than 8 KiB of settings")},
 )
-async def put_user_settings(body: UserSettings, user: CurrentUser, session: SessionDep) -> UserSettings:
+async def put_user_settings(body: UserSettings, user: SignedInUser, session: SessionDep) -> UserSettings:
     """Replace the user's client settings (omitted fields return to their defaults)."""
     return await save_user_settings(session, user.id, body)
