@@ -108,7 +108,7 @@ def test_the_peer_summary_compares_with_litellm():
         ("sqlalchemy/orm/session.py", "sqlalchemy"),
         ("<frozen runpy>", "runpy"),
         ("asyncio/runners.py", "asyncio"),
-        ("oasst_inference_server/worker_connection.py", "oasst_inference_server"),
+        ("oasst_inference_server/dispatch/worker_connection.py", "oasst_inference_server"),
         ("/x/.venv/lib/python3.11/site-packages/redis/asyncio/client.py", "redis"),
         ("/usr/lib/python3.11/json/encoder.py", "json"),
     ],
@@ -120,8 +120,8 @@ def test_profile_frames_are_grouped_by_package(path, package):
 def test_profile_analysis_counts_own_and_inclusive_time():
     raw = "\n".join(
         [
-            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/worker_connection.py:140);xadd (redis/commands/core.py:10) 6",
-            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/worker_connection.py:140) 2",
+            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/dispatch/worker_connection.py:140);xadd (redis/commands/core.py:10) 6",
+            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/dispatch/worker_connection.py:140) 2",
             "main (oasst_inference_server/__main__.py:1);dumps (json/__init__.py:200) 2",
             "garbage line",
         ]
@@ -130,7 +130,7 @@ def test_profile_analysis_counts_own_and_inclusive_time():
     assert result.samples == 10
     assert result.packages["redis"] == 6 and result.packages["json"] == 2
     assert result.own["xadd (redis/commands/core.py)"] == 6
-    assert result.inclusive["_receive (oasst_inference_server/worker_connection.py)"] == 8
+    assert result.inclusive["_receive (oasst_inference_server/dispatch/worker_connection.py)"] == 8
     assert result.inclusive["main (oasst_inference_server/__main__.py)"] == 10
 
 

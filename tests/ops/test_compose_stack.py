@@ -390,7 +390,7 @@ def test_production_sign_in_without_the_development_login(stack: Stack) -> None:
     assert location.params["redirect_uri"] == f"{stack.env['OASST_SERVER_API_ROOT']}/auth/callback/github"
 
     # A trusted frontend signs its user in with its key from the .env.
-    from oasst_inference_server.trusted_client import TrustedClient, encode_trusted_client
+    from oasst_inference_server.auth.trusted_client import TrustedClient, encode_trusted_client
 
     trusted_key = json.loads(stack.env["OASST_SERVER_TRUSTED_CLIENT_API_KEYS"])[0]
     header = encode_trusted_client(

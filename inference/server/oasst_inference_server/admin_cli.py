@@ -23,13 +23,13 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from oasst_inference_server import db
-from oasst_inference_server.api_key_store import create_api_key
+from oasst_inference_server.auth.api_key_store import create_api_key
+from oasst_inference_server.auth.worker_keys import new_worker_key
+from oasst_inference_server.db.engine import create_engine, make_session_factory
+from oasst_inference_server.db.migrations import upgrade_to_head
+from oasst_inference_server.db.models import DbUser, DbWorker
 from oasst_inference_server.logging_setup import configure_logging
-from oasst_inference_server.migrations import upgrade_to_head
-from oasst_inference_server.models import DbUser, DbWorker
 from oasst_inference_server.settings import Settings
-from oasst_inference_server.worker_keys import new_worker_key
 
 # Users made here sign in with their API keys only; the provider keeps them apart from OAuth accounts.
 LOCAL_PROVIDER = "local"
@@ -53,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _create_worker_key(engine: AsyncEngine, name: str) -> str:
     key, key_hash, prefix = new_worker_key()
-    async with db.make_session_factory(engine)() as session:
+    async with make_session_factory(engine)() as session:
         worker = DbWorker(name=name, api_key_hash=key_hash, api_key_prefix=prefix)
         session.add(worker)
         await session.commit()
@@ -62,7 +62,7 @@ async def _create_worker_key(engine: AsyncEngine, name: str) -> str:
 
 
 async def _create_api_key(engine: AsyncEngine, username: str, key_name: str) -> str:
-    async with db.make_session_factory(engine)() as session:
+    async with make_session_factory(engine)() as session:
         user = (
             await session.execute(
                 select(DbUser).where(
@@ -83,7 +83,7 @@ async def _create_api_key(engine: AsyncEngine, username: str, key_name: str) -> 
 
 
 async def _run(args: argparse.Namespace, settings: Settings) -> str | None:
-    engine = db.create_engine(settings)
+    engine = create_engine(settings)
     try:
         await upgrade_to_head(engine, startup_timeout=settings.database_startup_timeout)
         if args.command == "create-worker-key":

@@ -1,33 +1,10 @@
-"""API errors: every failure is JSON ``{"detail", "code"}`` with a fitting status, never a traceback.
+"""The error a request fails with: ``ApiError`` (a status, a machine-readable code and a message).
 
-``ApiError`` is raised by routes and services; the handlers here also turn request validation errors
-and unexpected exceptions into the same shape. Under ``/v1/`` (the OpenAI-compatible API) the same
-errors take OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with the status codes
-the OpenAI SDKs map to their exception classes (a validation error is a 400 there, not a 422).
+Raised by routes and services alike; :mod:`.api.error_handlers` turns it into the JSON the client
+sees (``{"detail", "code"}``, or OpenAI's shape under ``/v1/``).
 """
 
 from __future__ import annotations
-
-from typing import Any
-
-from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
-from loguru import logger
-from starlette.exceptions import HTTPException as StarletteHTTPException
-
-from oasst_shared.openai_schemas import ErrorInfo, ErrorResponse
-
-OPENAI_PATH_PREFIX = "/v1/"
-_OPENAI_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    429: "rate_limit_error",
-    503: "service_unavailable_error",
-}
 
 
 class ApiError(Exception):
@@ -50,82 +27,3 @@ class ApiError(Exception):
 
 def not_found(what: str) -> ApiError:
     return ApiError(404, f"{what}_not_found", f"{what.replace('_', ' ').capitalize()} not found")
-
-
-def _json_safe(errors: list[Any]) -> list[dict[str, Any]]:
-    safe = []
-    for e in errors:
-        item = {k: v for k, v in e.items() if k in ("loc", "msg", "type")}
-        item["loc"] = [str(p) for p in item.get("loc", ())]
-        safe.append(item)
-    return safe
-
-
-def openai_error(
-    status_code: int,
-    message: str,
-    code: str | None,
-    param: str | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    """An error in OpenAI's shape; 422 becomes 400, which is what OpenAI answers for bad parameters."""
-    status_code = 400 if status_code == 422 else status_code
-    error_type = _OPENAI_ERROR_TYPES.get(status_code, "server_error" if status_code >= 500 else "api_error")
-    body = ErrorResponse(error=ErrorInfo(message=message, type=error_type, param=param, code=code))
-    return JSONResponse(body.model_dump(), status_code=status_code, headers=headers)
-
-
-def _is_openai(request: Request) -> bool:
-    return request.url.path.startswith(OPENAI_PATH_PREFIX)
-
-
-def _openai_validation_error(errors: list[dict[str, Any]]) -> JSONResponse:
-    first = errors[0] if errors else {"loc": [], "msg": "invalid request"}
-    path = ""
-    for part in first["loc"][1:] if first["loc"][:1] == ["body"] else first["loc"]:
-        path += f"[{part}]" if part.isdigit() else f".{part}" if path else part
-    message = str(first["msg"]).removeprefix("Value error, ")
-    if path and path not in message:
-        message = f"{path}: {message}"
-    return openai_error(400, message, "invalid_value" if path else "invalid_request", path or None)
-
-
-def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
-        if _is_openai(request):
-            return openai_error(exc.status_code, exc.detail, exc.code, exc.param, exc.headers)
-        return JSONResponse(
-            {"detail": exc.detail, "code": exc.code}, status_code=exc.status_code, headers=exc.headers
-        )
-
-    @app.exception_handler(RequestValidationError)
-    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = _json_safe(list(exc.errors()))
-        if _is_openai(request):
-            return _openai_validation_error(errors)
-        summary = "; ".join(f"{'.'.join(e['loc'])}: {e['msg']}" for e in errors[:3])
-        return JSONResponse(
-            {"detail": f"invalid request: {summary}", "code": "validation_error", "errors": errors},
-            status_code=422,
-        )
-
-    @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        code = {401: "unauthorized", 403: "forbidden", 404: "not_found", 405: "method_not_allowed"}.get(
-            exc.status_code, "http_error"
-        )
-        if _is_openai(request):
-            return openai_error(exc.status_code, str(exc.detail), code, headers=getattr(exc, "headers", None))
-        return JSONResponse(
-            {"detail": str(exc.detail), "code": code},
-            status_code=exc.status_code,
-            headers=getattr(exc, "headers", None),
-        )
-
-    @app.exception_handler(Exception)
-    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
-        logger.opt(exception=exc).error("unhandled error on {} {}", request.method, request.url.path)
-        if _is_openai(request):
-            return openai_error(500, "internal server error", "internal_error")
-        return JSONResponse({"detail": "internal server error", "code": "internal_error"}, status_code=500)

@@ -10,13 +10,9 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from loguru import logger
 
-from oasst_inference_server import db
-from oasst_inference_server.broker import create_broker
-from oasst_inference_server.errors import install_error_handlers
-from oasst_inference_server.message_lifecycle import MessageLifecycle
-from oasst_inference_server.migrations import upgrade_to_head
-from oasst_inference_server.recovery import RecoveryLoop
-from oasst_inference_server.routes import (
+from oasst_inference_server.api.error_handlers import install_error_handlers
+from oasst_inference_server.api.responses import document_errors
+from oasst_inference_server.api.routes import (
     account,
     admin,
     api_keys,
@@ -31,9 +27,13 @@ from oasst_inference_server.routes import (
     web,
     workers,
 )
-from oasst_inference_server.routes.responses import document_errors
+from oasst_inference_server.broker import create_broker
+from oasst_inference_server.db.engine import create_engine, make_session_factory
+from oasst_inference_server.db.migrations import upgrade_to_head
+from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.dispatch.recovery import RecoveryLoop
+from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
 from oasst_inference_server.settings import Settings, get_settings
-from oasst_inference_server.worker_registry import WorkerRegistry
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -41,7 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        engine = db.create_engine(settings)
+        engine = create_engine(settings)
         await upgrade_to_head(engine, startup_timeout=settings.database_startup_timeout)
         broker = create_broker(
             settings.broker_url,
@@ -51,7 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             max_connections=settings.redis_max_connections,
         )
         await broker.start()
-        session_factory = db.make_session_factory(engine)
+        session_factory = make_session_factory(engine)
         app.state.settings = settings
         app.state.engine = engine
         app.state.session_factory = session_factory

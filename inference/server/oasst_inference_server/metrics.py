@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from oasst_inference_server.models import DbMessage, utcnow
+from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_shared.schemas import MessageState
 
 REGISTRY = CollectorRegistry(auto_describe=True)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from oasst_inference_server import events
-from oasst_inference_server.event_reader import encode_sse
+from oasst_inference_server.dispatch import events
+from oasst_inference_server.streams.sse import encode_sse
 
 
 def test_a_batch_is_one_event_per_entry_even_with_line_breaks_in_the_text() -> None:

@@ -1,4 +1,7 @@
-"""The broker (work queues, event streams, worker sessions, commands, locks); see :mod:`.base`."""
+"""The broker (work queues, event streams, worker sessions, commands, locks); see :mod:`.base`.
+
+May import settings, errors, logging_setup; not db or anything above.
+"""
 
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from fastapi import FastAPI
 
-from oasst_inference_server.trusted_client import TrustedClient, encode_trusted_client
+from oasst_inference_server.auth.trusted_client import TrustedClient, encode_trusted_client
 
 API = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.asyncio(loop_scope="session")]
 
@@ -83,7 +83,7 @@ async def finish_message(app: FastAPI, message_id: str, content: str = "An answe
     """Complete a pending answer as a worker would (no worker runs in these tests)."""
     from sqlalchemy import update
 
-    from oasst_inference_server.models import DbMessage, utcnow
+    from oasst_inference_server.db.models import DbMessage, utcnow
 
     async with app.state.session_factory() as session:
         await session.execute(

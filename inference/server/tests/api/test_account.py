@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from api_support import API, assert_error, start_chat, trusted_header
 
-from oasst_inference_server.models import DbChat, DbMessage, DbRefreshToken, DbUser
+from oasst_inference_server.db.models import DbChat, DbMessage, DbRefreshToken, DbUser
 
 pytestmark = API
 
@@ -54,7 +54,7 @@ async def test_delete_account_anonymises_the_user_and_their_data(client, app, lo
         # Running answers were cancelled.
         answer = await session.get(DbMessage, kept.assistant_id)
         assert answer is not None and answer.state == "cancelled"
-        from oasst_inference_server.models import DbApiKey
+        from oasst_inference_server.db.models import DbApiKey
 
         keys = (await session.execute(select(DbApiKey).where(DbApiKey.user_id == user.id))).scalars().all()
         assert keys and all(k.revoked_at is not None for k in keys)

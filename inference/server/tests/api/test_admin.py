@@ -8,8 +8,8 @@ import uuid
 import pytest
 from api_support import ADMIN, API, assert_error, start_chat
 
+from oasst_inference_server.auth.worker_keys import find_worker_by_key, record_worker_event
 from oasst_inference_server.broker import WorkerSessionRecord
-from oasst_inference_server.worker_keys import find_worker_by_key, record_worker_event
 
 pytestmark = API
 
@@ -125,7 +125,7 @@ async def test_live_worker_sessions_with_capacity_and_in_flight_work(client, app
     await client.delete(f"/admin/workers/{worker['id']}", headers=ADMIN)
     from sqlalchemy import select
 
-    from oasst_inference_server.models import DbWorkerEvent
+    from oasst_inference_server.db.models import DbWorkerEvent
 
     async with app.state.session_factory() as db:
         events = (

@@ -10,7 +10,7 @@ import pytest
 from api_support import API, TRUSTED_KEY, assert_error, trusted_header
 from pydantic import ValidationError
 
-from oasst_inference_server.auth import create_token
+from oasst_inference_server.auth.signed_tokens import create_token
 from oasst_inference_server.settings import Settings
 
 pytestmark = API
@@ -126,8 +126,8 @@ async def test_refresh_failures(client, app, user):
     # An expired refresh token.
     from sqlalchemy import update
 
-    from oasst_inference_server.models import DbRefreshToken, utcnow
-    from oasst_inference_server.tokens import hash_secret
+    from oasst_inference_server.auth.refresh_tokens import hash_secret
+    from oasst_inference_server.db.models import DbRefreshToken, utcnow
 
     async with app.state.session_factory() as session:
         await session.execute(
@@ -146,7 +146,7 @@ async def test_refresh_failures(client, app, user):
 async def test_refresh_tokens_are_stored_hashed(app, user):
     from sqlalchemy import select
 
-    from oasst_inference_server.models import DbRefreshToken
+    from oasst_inference_server.db.models import DbRefreshToken
 
     async with app.state.session_factory() as session:
         hashes = (

@@ -292,7 +292,7 @@ async def test_message_evaluations(client, user, live_model, app):
 
     from sqlalchemy import select
 
-    from oasst_inference_server.models import DbMessageEvaluation
+    from oasst_inference_server.db.models import DbMessageEvaluation
 
     async with app.state.session_factory() as session:
         rows = (

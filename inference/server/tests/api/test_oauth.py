@@ -8,7 +8,7 @@ import httpx
 import pytest
 from api_support import API, assert_error
 
-from oasst_inference_server import oauth
+from oasst_inference_server.auth import oauth
 
 pytestmark = API
 

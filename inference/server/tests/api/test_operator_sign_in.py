@@ -12,8 +12,8 @@ import sys
 
 from api_support import API, assert_error
 
+from oasst_inference_server.auth.worker_keys import find_worker_by_key
 from oasst_inference_server.settings import Settings
-from oasst_inference_server.worker_keys import find_worker_by_key
 
 pytestmark = API
 

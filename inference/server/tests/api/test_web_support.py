@@ -14,10 +14,10 @@ import pytest
 from api_support import API, assert_error, start_chat
 from test_oauth import provider_redirect, start
 
-from oasst_inference_server import oauth
-from oasst_inference_server.models import DbUserSettings
-from oasst_inference_server.routes.web import CONTENT_SECURITY_POLICY
-from oasst_inference_server.user_settings import MAX_SETTINGS_BYTES
+from oasst_inference_server.api.routes.web import CONTENT_SECURITY_POLICY
+from oasst_inference_server.auth import oauth
+from oasst_inference_server.chats.user_settings import MAX_SETTINGS_BYTES
+from oasst_inference_server.db.models import DbUserSettings
 
 pytestmark = API
 
@@ -153,7 +153,7 @@ async def test_a_failed_page_sign_in_is_shown_on_the_page(client, fake_provider)
 
 
 async def test_the_hand_off_escapes_what_it_embeds():
-    from oasst_inference_server.routes.web import signin_handoff
+    from oasst_inference_server.api.routes.web import signin_handoff
 
     response = signin_handoff(error="</script><script>alert(1)</script> & more")
     body = bytes(response.body).decode()
@@ -182,7 +182,7 @@ async def test_static_files_and_the_favicon(client):
     assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
     assert icon.content == (STATIC_DIR / "favicon.svg").read_bytes()
     assert (await client.get("/static/nothing-here.js")).status_code == 404
-    assert (await client.get("/static/%2e%2e/routes/web.py")).status_code == 404
+    assert (await client.get("/static/%2e%2e/api/routes/web.py")).status_code == 404
 
 
 async def test_every_module_the_page_imports_exists():

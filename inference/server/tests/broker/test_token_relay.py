@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from oasst_inference_server import events
 from oasst_inference_server.broker import Broker, BrokerError
-from oasst_inference_server.token_relay import TokenRelay
+from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch.token_relay import TokenRelay
 
 
 class GatedBroker:

@@ -26,8 +26,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlmodel import SQLModel
 
 from conftest import free_port, fresh_database
-from oasst_inference_server import models  # noqa: F401 - registers the tables
-from oasst_inference_server.migrations import (
+from oasst_inference_server.db import models  # noqa: F401 - registers the tables
+from oasst_inference_server.db.migrations import (
     INITIAL_REVISION,
     DatabaseUnavailable,
     alembic_config,

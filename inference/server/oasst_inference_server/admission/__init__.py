@@ -1,0 +1,4 @@
+"""Admission of a generation: message length, chat size, queue capacity, per-user rate and concurrency.
+
+May import chats, dispatch, auth, db, broker, metrics, settings, errors; not api or openai_api.
+"""

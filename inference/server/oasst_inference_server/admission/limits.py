@@ -1,0 +1,55 @@
+"""Limits from the settings that keep one chat, one message or one model's queue bounded.
+
+(The per-user rate limit and concurrency cap live in ``rate_limit.py``.) Counts come from the
+database, so every replica enforces the same numbers.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.chats.chat_store import count_chat_messages
+from oasst_inference_server.db.models import DbMessage
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.settings import Settings
+from oasst_shared.schemas import MessageState
+
+QUEUE_FULL_RETRY_AFTER = "10"
+
+
+def check_message_length(settings: Settings, content: str) -> None:
+    if len(content) > settings.max_message_length:
+        raise ApiError(
+            422,
+            "message_too_long",
+            f"the message has {len(content)} characters; this server accepts {settings.max_message_length}",
+        )
+
+
+async def check_chat_capacity(session: AsyncSession, settings: Settings, chat_id: str) -> None:
+    if await count_chat_messages(session, chat_id) >= settings.max_messages_per_chat:
+        raise ApiError(
+            409,
+            "chat_full",
+            f"the chat has reached {settings.max_messages_per_chat} messages: start a new chat",
+        )
+
+
+async def check_queue_capacity(session: AsyncSession, settings: Settings, model_config_name: str) -> None:
+    """503 with Retry-After while ``max_queue_size`` messages already wait for the model."""
+    pending = (
+        await session.execute(
+            select(func.count()).where(
+                DbMessage.state == MessageState.pending.value,
+                DbMessage.model_config_name == model_config_name,
+            )
+        )
+    ).scalar_one()
+    if int(pending) >= settings.max_queue_size:
+        raise ApiError(
+            503,
+            "queue_full",
+            f"{pending} messages already wait for {model_config_name!r}: try again later",
+            {"Retry-After": QUEUE_FULL_RETRY_AFTER},
+        )

@@ -1,0 +1,80 @@
+"""Per-user limits on generations: so many per minute, so many at once.
+
+Both are counted in the database (messages enqueued by the user in the last minute; the user's pending
+and in-progress messages), so they hold across any number of replicas with no extra state. Two requests
+racing past the check together may both get in: the limits are fair-use guards, not quotas to the unit.
+
+A generation is any message that was queued for a worker (``enqueued_at`` set): a chat's assistant
+message, an OpenAI-API completion or an embedding request. Chat messages carry no ``user_id``; they
+belong to the user through their chat.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import datetime, timedelta
+
+from sqlalchemy import ColumnElement, Select, and_, func, select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
+from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.settings import Settings
+
+WINDOW = timedelta(minutes=1)
+_CONCURRENCY_RETRY_AFTER = 2  # seconds: a generation slot frees when any of the user's answers ends
+
+
+def _own_generations(user_id: str, condition: ColumnElement[bool]) -> list[Select]:
+    """Two selects of the user's generations matching ``condition``: API requests and chat answers."""
+    direct = select(DbMessage.enqueued_at).where(DbMessage.user_id == user_id, condition)
+    via_chat = (
+        select(DbMessage.enqueued_at)
+        .join(DbChat, DbChat.id == DbMessage.chat_id)
+        .where(DbChat.user_id == user_id, DbMessage.user_id.is_(None), condition)
+    )
+    return [direct, via_chat]
+
+
+async def _count(session: AsyncSession, user_id: str, condition: ColumnElement[bool]) -> int:
+    total = 0
+    for query in _own_generations(user_id, condition):
+        total += int((await session.execute(select(func.count()).select_from(query.subquery()))).scalar_one())
+    return total
+
+
+async def check_generation_limits(session: AsyncSession, settings: Settings, user_id: str) -> None:
+    """Raise a 429 ``ApiError`` with ``Retry-After`` if the user may not start another generation now."""
+    if settings.max_concurrent_generations_per_user:
+        active = DbMessage.state.in_(ACTIVE_STATES)
+        running = await _count(session, user_id, active)
+        if running >= settings.max_concurrent_generations_per_user:
+            raise ApiError(
+                429,
+                "too_many_concurrent_generations",
+                f"{running} of your generations are still running (the limit is "
+                f"{settings.max_concurrent_generations_per_user}): wait for one to finish",
+                {"Retry-After": str(_CONCURRENCY_RETRY_AFTER)},
+            )
+    limit = settings.rate_limit_per_minute
+    if limit:
+        now = utcnow()
+        recent_condition = and_(
+            DbMessage.enqueued_at.is_not(None),
+            DbMessage.enqueued_at >= now - WINDOW,
+        )
+        recent: list[datetime] = []
+        for query in _own_generations(user_id, recent_condition):
+            recent.extend(t for t in (await session.execute(query)).scalars().all() if t is not None)
+        if len(recent) >= limit:
+            recent.sort()
+            # Once the oldest requests leave the window, one more fits.
+            frees_at = recent[len(recent) - limit] + WINDOW
+            retry_after = max(1, math.ceil((frees_at - now).total_seconds()))
+            raise ApiError(
+                429,
+                "rate_limited",
+                f"rate limit reached: {limit} generations per minute; retry in {retry_after}s",
+                {"Retry-After": str(retry_after)},
+            )

@@ -1,0 +1,202 @@
+"""The admin API, behind ``settings.admin_root_token``: workers and their keys, live worker
+sessions, and users. Disabled (403) when no root token is configured."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import delete, func, select
+
+from oasst_inference_server.api.deps import BrokerDep, SessionDep, SettingsDep
+from oasst_inference_server.api.responses import ADMIN, Responses, error
+from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
+from oasst_inference_server.auth.worker_keys import new_worker_key
+from oasst_inference_server.chats.accounts import delete_account
+from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerEvent
+from oasst_inference_server.dispatch.events import worker_command_channel
+from oasst_inference_server.dispatch.worker_connection import DISCONNECT_COMMAND
+from oasst_inference_server.errors import ApiError, not_found
+from oasst_shared.schemas import (
+    AdminUserRead,
+    CreateWorkerRequest,
+    RevokedTokensResponse,
+    WorkerCreated,
+    WorkerRead,
+    WorkerSessionRead,
+)
+
+_admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken")
+
+
+async def require_admin(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
+) -> None:
+    if credentials is None or credentials.scheme.lower() != "bearer":
+        raise ApiError(401, "not_authenticated", "admin token required", {"WWW-Authenticate": "Bearer"})
+    root = settings.admin_root_token
+    if not root:
+        raise ApiError(403, "admin_disabled", "the admin API is disabled on this server")
+    if not hmac.compare_digest(credentials.credentials.encode(), root.encode()):
+        raise ApiError(403, "forbidden", "wrong admin token")
+
+
+router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)], responses=ADMIN)
+_WORKER: Responses = {404: error("No such worker")}
+_USER: Responses = {404: error("No such user")}
+
+
+async def _session_counts(broker: BrokerDep, session: SessionDep) -> dict[str, int]:
+    """Live sessions per registered worker id."""
+    workers = await _session_workers(session, [r.session_id for r in await broker.list_worker_sessions()])
+    counts: dict[str, int] = {}
+    for worker_id in workers.values():
+        if worker_id is not None:
+            counts[worker_id] = counts.get(worker_id, 0) + 1
+    return counts
+
+
+async def _session_workers(session: SessionDep, session_ids: list[str]) -> dict[str, str | None]:
+    if not session_ids:
+        return {}
+    rows = await session.execute(
+        select(DbWorkerEvent.session_id, DbWorkerEvent.worker_id).where(
+            DbWorkerEvent.session_id.in_(session_ids),
+            DbWorkerEvent.event_type == "connected",
+        )
+    )
+    return dict(rows.tuples().all())
+
+
+def _worker_read(worker: DbWorker, sessions: int = 0) -> WorkerRead:
+    return WorkerRead(
+        id=worker.id,
+        name=worker.name,
+        api_key_prefix=worker.api_key_prefix,
+        created_at=worker.created_at,
+        connected_sessions=sessions,
+    )
+
+
+@router.post(
+    "/workers", response_model=WorkerCreated, status_code=201, responses={422: error("Invalid name")}
+)
+async def create_worker(body: CreateWorkerRequest, session: SessionDep) -> WorkerCreated:
+    """Register a worker; the response holds its API key, which is not shown again."""
+    key, key_hash, prefix = new_worker_key()
+    worker = DbWorker(name=body.name, api_key_hash=key_hash, api_key_prefix=prefix)
+    session.add(worker)
+    await session.commit()
+    return WorkerCreated(**_worker_read(worker).model_dump(), api_key=key)
+
+
+@router.get("/workers", response_model=list[WorkerRead])
+async def list_workers(session: SessionDep, broker: BrokerDep) -> list[WorkerRead]:
+    counts = await _session_counts(broker, session)
+    workers = (await session.execute(select(DbWorker).order_by(DbWorker.created_at))).scalars().all()
+    return [_worker_read(w, counts.get(w.id, 0)) for w in workers]
+
+
+@router.post("/workers/{worker_id}/api_key", response_model=WorkerCreated, responses=_WORKER)
+async def replace_worker_key(worker_id: str, session: SessionDep) -> WorkerCreated:
+    """Issue a new API key for the worker; the old one stops working for new connections."""
+    worker = await session.get(DbWorker, worker_id)
+    if worker is None:
+        raise not_found("worker")
+    key, worker.api_key_hash, worker.api_key_prefix = new_worker_key()
+    session.add(worker)
+    await session.commit()
+    return WorkerCreated(**_worker_read(worker).model_dump(), api_key=key)
+
+
+@router.delete("/workers/{worker_id}", status_code=204, responses=_WORKER)
+async def delete_worker(worker_id: str, session: SessionDep, broker: BrokerDep) -> Response:
+    """Delete the worker and its key (its connection history is kept). Its open sockets, on any
+    replica, are closed (their messages are retried elsewhere) and it cannot reconnect."""
+    # Find its sockets first: deleting the worker also deletes its connection events.
+    live = await _session_workers(session, [r.session_id for r in await broker.list_worker_sessions()])
+    result = await session.execute(delete(DbWorker).where(DbWorker.id == worker_id))
+    await session.commit()
+    if result.rowcount != 1:
+        raise not_found("worker")
+    for session_id, owner in live.items():
+        if owner == worker_id:
+            await broker.publish_command(worker_command_channel(session_id), DISCONNECT_COMMAND)
+    return Response(status_code=204)
+
+
+@router.get("/worker_sessions", response_model=list[WorkerSessionRead])
+async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[WorkerSessionRead]:
+    """Every connected worker socket on every replica, with its capacity and in-flight messages."""
+    records = await broker.list_worker_sessions()
+    workers = await _session_workers(session, [r.session_id for r in records])
+    worker_ids = {w for w in workers.values() if w is not None}
+    names: dict[str, str] = {}
+    if worker_ids:
+        rows = await session.execute(select(DbWorker.id, DbWorker.name).where(DbWorker.id.in_(worker_ids)))
+        names = dict(rows.all())
+    out = []
+    for record in sorted(records, key=lambda r: (r.model_config_name, r.session_id)):
+        try:
+            data: dict[str, Any] = json.loads(record.data)
+        except ValueError:
+            data = {}
+        worker_id = workers.get(record.session_id)
+        out.append(
+            WorkerSessionRead(
+                session_id=record.session_id,
+                model_config_name=record.model_config_name,
+                worker_id=worker_id,
+                worker_name=names.get(worker_id) if worker_id else None,
+                max_parallel_requests=data.get("max_parallel_requests"),
+                free_slots=data.get("free_slots"),
+                in_flight=list(data.get("in_flight") or []),
+                backend_kind=data.get("backend_kind"),
+                backend_healthy=data.get("backend_healthy"),
+                draining=data.get("draining"),
+                worker_version=data.get("worker_version"),
+                connected_at=data.get("connected_at"),
+            )
+        )
+    return out
+
+
+@router.post("/users/{user_id}/revoke_tokens", response_model=RevokedTokensResponse, responses=_USER)
+async def revoke_tokens(user_id: str, session: SessionDep) -> RevokedTokensResponse:
+    """Revoke every refresh token of the user (access tokens expire within their short lifetime)."""
+    if await session.get(DbUser, user_id) is None:
+        raise not_found("user")
+    return RevokedTokensResponse(revoked=await revoke_user_tokens(session, user_id))
+
+
+@router.delete("/users/{user_id}", status_code=204, responses=_USER)
+async def delete_user(request: Request, user_id: str, session: SessionDep) -> Response:
+    """Delete a user the way ``DELETE /account`` does (anonymised, generations cancelled)."""
+    user = await session.get(DbUser, user_id)
+    if user is None or user.deleted:
+        raise not_found("user")
+    await delete_account(session, request.app.state.lifecycle, user)
+    return Response(status_code=204)
+
+
+@router.get("/users/{user_id}", response_model=AdminUserRead, responses=_USER)
+async def get_user(user_id: str, session: SessionDep) -> AdminUserRead:
+    """A user (deleted ones too) and how many chats they have."""
+    user = await session.get(DbUser, user_id)
+    if user is None:
+        raise not_found("user")
+    chats = (await session.execute(select(func.count()).where(DbChat.user_id == user_id))).scalar_one()
+    return AdminUserRead(
+        id=user.id,
+        provider=user.provider,
+        provider_account_id=user.provider_account_id,
+        display_name=user.display_name,
+        created_at=user.created_at,
+        deleted=user.deleted,
+        chat_count=int(chats),
+    )

@@ -1,0 +1,285 @@
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+from contextlib import aclosing
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Header, Query, Request
+from loguru import logger
+from sqlalchemy import select
+from sse_starlette import EventSourceResponse
+
+from oasst_inference_server.admission.limits import (
+    check_chat_capacity,
+    check_message_length,
+    check_queue_capacity,
+)
+from oasst_inference_server.admission.rate_limit import check_generation_limits
+from oasst_inference_server.api.deps import BrokerDep, CurrentUser, RegistryDep, SessionDep, SettingsDep
+from oasst_inference_server.broker import is_stream_id
+from oasst_inference_server.chats.chat_store import (
+    chat_read,
+    get_chat_message,
+    get_own_chat,
+    list_user_chats,
+    message_read_with_feedback,
+    title_from_prompt,
+    to_chat_list_read,
+)
+from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
+from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, to_message_read
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.streams.event_reader import read_message_events
+from oasst_inference_server.streams.sse import SseEvent, encode_sse
+from oasst_shared.schemas import (
+    ChatRead,
+    CreateAssistantMessageRequest,
+    CreateChatRequest,
+    CreatePrompterMessageRequest,
+    ErrorBody,
+    ListChatsResponse,
+    MessageRead,
+    MessageState,
+    Role,
+)
+
+router = APIRouter(prefix="/chats", tags=["chats"])
+
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorBody, "description": "Not authenticated"},
+}
+_ID_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_AUTH_ERRORS,
+    404: {"model": ErrorBody, "description": "No such chat or message for this user"},
+}
+_REPLY_STATES = (MessageState.complete.value, MessageState.cancelled.value)
+
+
+def _lifecycle(request: Request) -> MessageLifecycle:
+    return request.app.state.lifecycle
+
+
+@router.post("", response_model=ChatRead, responses=_AUTH_ERRORS)
+async def create_chat(
+    user: CurrentUser, session: SessionDep, body: CreateChatRequest | None = None
+) -> ChatRead:
+    chat = DbChat(user_id=user.id, title=body.title if body else None)
+    session.add(chat)
+    await session.commit()
+    return ChatRead(**to_chat_list_read(chat).model_dump())
+
+
+@router.get(
+    "",
+    response_model=ListChatsResponse,
+    responses={**_AUTH_ERRORS, 400: {"model": ErrorBody, "description": "Invalid cursor"}},
+)
+async def list_chats(
+    user: CurrentUser,
+    session: SessionDep,
+    include_hidden: bool = False,
+    limit: Annotated[int, Query(gt=0, le=100)] = 10,
+    after: Annotated[str | None, Query(max_length=200, description="The `next` cursor of a page")] = None,
+    before: Annotated[str | None, Query(max_length=200, description="The `prev` cursor of a page")] = None,
+) -> ListChatsResponse:
+    """The user's chats, newest first, a page at a time: pass ``next`` as ``after`` for older chats,
+    ``prev`` as ``before`` for newer ones."""
+    chats, next_cursor, prev_cursor = await list_user_chats(
+        session, user, include_hidden=include_hidden, limit=limit, after=after, before=before
+    )
+    return ListChatsResponse(chats=[to_chat_list_read(c) for c in chats], next=next_cursor, prev=prev_cursor)
+
+
+@router.get("/{chat_id}", response_model=ChatRead, responses=_ID_ERRORS)
+async def get_chat(chat_id: str, user: CurrentUser, session: SessionDep) -> ChatRead:
+    chat = await get_own_chat(session, user, chat_id)
+    return await chat_read(session, chat)
+
+
+@router.post(
+    "/{chat_id}/prompter_message",
+    response_model=MessageRead,
+    responses={
+        **_ID_ERRORS,
+        400: {"model": ErrorBody, "description": "Bad parent message"},
+        409: {"model": ErrorBody, "description": "The chat has reached max_messages_per_chat"},
+        422: {"model": ErrorBody, "description": "Empty or too long message"},
+    },
+)
+async def create_prompter_message(
+    chat_id: str,
+    body: CreatePrompterMessageRequest,
+    user: CurrentUser,
+    session: SessionDep,
+    settings: SettingsDep,
+) -> MessageRead:
+    """Add the user's message, as the first message of the chat or as a reply to an assistant message."""
+    chat = await get_own_chat(session, user, chat_id)
+    if not body.content.strip():
+        raise ApiError(422, "empty_message", "the message is empty")
+    check_message_length(settings, body.content)
+    await check_chat_capacity(session, settings, chat.id)
+    if body.parent_id is None:
+        has_root = (
+            await session.execute(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
+        ).first()
+        if has_root:
+            raise ApiError(400, "parent_required", "the chat already has messages: give parent_id")
+    else:
+        parent = await session.get(DbMessage, body.parent_id)
+        if parent is None or parent.chat_id != chat.id:
+            raise ApiError(400, "parent_not_found", f"parent message {body.parent_id} is not in this chat")
+        if parent.role != Role.assistant.value:
+            raise ApiError(400, "parent_not_assistant", "a prompter message must answer an assistant message")
+        if parent.state not in _REPLY_STATES:
+            raise ApiError(400, "parent_not_complete", f"the parent message is {parent.state}")
+    message = DbMessage(
+        chat_id=chat.id,
+        parent_id=body.parent_id,
+        role=Role.prompter.value,
+        content=body.content,
+        state=MessageState.manual.value,
+    )
+    session.add(message)
+    chat.modified_at = utcnow()
+    chat.active_thread_tail_message_id = message.id
+    if chat.title is None:
+        chat.title = title_from_prompt(body.content)
+    session.add(chat)
+    await session.commit()
+    return to_message_read(message)
+
+
+@router.post(
+    "/{chat_id}/assistant_message",
+    response_model=MessageRead,
+    responses={
+        **_ID_ERRORS,
+        400: {"model": ErrorBody, "description": "Bad parent message or unknown model"},
+        429: {"model": ErrorBody, "description": "Rate or concurrency limit reached (see Retry-After)"},
+        409: {"model": ErrorBody, "description": "The chat has reached max_messages_per_chat"},
+        503: {"model": ErrorBody, "description": "No worker serves the model, or its queue is full"},
+    },
+)
+async def create_assistant_message(
+    request: Request,
+    chat_id: str,
+    body: CreateAssistantMessageRequest,
+    user: CurrentUser,
+    session: SessionDep,
+    registry: RegistryDep,
+) -> MessageRead:
+    """Queue an answer to a prompter message; stream it from ``.../messages/{id}/events``."""
+    chat = await get_own_chat(session, user, chat_id)
+    parent = await session.get(DbMessage, body.parent_id)
+    if parent is None or parent.chat_id != chat.id:
+        raise ApiError(400, "parent_not_found", f"parent message {body.parent_id} is not in this chat")
+    if parent.role != Role.prompter.value:
+        raise ApiError(400, "parent_not_prompter", "an assistant message must answer a prompter message")
+    live = await registry.live_models()
+    if body.model_config_name not in live:
+        available = ", ".join(sorted(live)) or "none"
+        if body.model_config_name in registry.known_model_names(live):
+            raise ApiError(
+                503,
+                "no_worker",
+                f"no worker serves model {body.model_config_name!r} right now; available: {available}",
+            )
+        raise ApiError(
+            400, "unknown_model", f"unknown model {body.model_config_name!r}; available models: {available}"
+        )
+    await check_generation_limits(session, request.app.state.settings, user.id)
+    await check_chat_capacity(session, request.app.state.settings, chat.id)
+    await check_queue_capacity(session, request.app.state.settings, body.model_config_name)
+    now = utcnow()
+    message = DbMessage(
+        chat_id=chat.id,
+        parent_id=parent.id,
+        role=Role.assistant.value,
+        state=MessageState.pending.value,
+        model_config_name=body.model_config_name,
+        sampling_parameters=body.sampling_parameters.model_dump(mode="json"),
+        system_prompt=body.system_prompt,
+        enqueued_at=now,
+    )
+    session.add(message)
+    chat.modified_at = now
+    chat.active_thread_tail_message_id = message.id
+    session.add(chat)
+    await session.commit()
+    try:
+        await _lifecycle(request).enqueue(message)
+    except Exception as exc:
+        # The message is safely pending in the database; the recovery loop re-queues it.
+        logger.opt(exception=exc).error("could not queue message {}", message.id)
+    return to_message_read(message)
+
+
+@router.get("/{chat_id}/messages/{message_id}", response_model=MessageRead, responses=_ID_ERRORS)
+async def get_message(chat_id: str, message_id: str, user: CurrentUser, session: SessionDep) -> MessageRead:
+    chat = await get_own_chat(session, user, chat_id)
+    return await message_read_with_feedback(session, await get_chat_message(session, chat, message_id))
+
+
+@router.post("/{chat_id}/messages/{message_id}/cancel", response_model=MessageRead, responses=_ID_ERRORS)
+async def cancel_message(
+    request: Request, chat_id: str, message_id: str, user: CurrentUser, session: SessionDep, broker: BrokerDep
+) -> MessageRead:
+    """Stop generating: a pending message ends at once, a running one after its worker stops."""
+    chat = await get_own_chat(session, user, chat_id)
+    message = await get_chat_message(session, chat, message_id)
+    lifecycle = _lifecycle(request)
+    await lifecycle.request_cancel(message)
+    refreshed = await lifecycle.get(message.id)
+    assert refreshed is not None
+    return to_message_read(refreshed)
+
+
+@router.get(
+    "/{chat_id}/messages/{message_id}/events",
+    responses={
+        **_ID_ERRORS,
+        200: {"content": {"text/event-stream": {}}, "description": "Server-sent events of the message"},
+    },
+)
+async def message_events(
+    request: Request,
+    chat_id: str,
+    message_id: str,
+    user: CurrentUser,
+    session: SessionDep,
+    broker: BrokerDep,
+    settings: SettingsDep,
+    last_event_id: Annotated[str | None, Header()] = None,
+) -> EventSourceResponse:
+    """Stream ``pending``, ``token`` and ``retry`` events, then one ``message`` or ``error`` event.
+
+    Every stored event carries an id; reconnect with ``Last-Event-ID`` to get the rest, once.
+    """
+    chat = await get_own_chat(session, user, chat_id)
+    message = await get_chat_message(session, chat, message_id)
+    if last_event_id is not None and not is_stream_id(last_event_id):
+        raise ApiError(
+            400, "invalid_last_event_id", f"Last-Event-ID {last_event_id[:40]!r} is not an event id"
+        )
+    if message.role != Role.assistant.value:
+        raise ApiError(400, "not_assistant_message", "only assistant messages have events")
+    await session.close()  # do not hold a database connection for the life of the stream
+    batches = read_message_events(
+        _lifecycle(request), broker, settings, message_id, last_event_id, request.is_disconnected
+    )
+    # no-cache rather than sse-starlette's no-store: the events are private either way (the request
+    # carries Authorization, which shared caches must not store), and Chromium reports a streamed
+    # no-store response read to its end as an aborted request, which the web page's tests forbid.
+    return EventSourceResponse(
+        _encoded(batches),
+        ping=int(settings.sse_ping_interval),
+        headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
+    )
+
+
+async def _encoded(batches: AsyncGenerator[list[SseEvent], None]) -> AsyncIterator[bytes]:
+    # One write per batch: a reader that fell behind catches up in one send, not one per token.
+    async with aclosing(batches) as stream:
+        async for batch in stream:
+            yield encode_sse(batch)

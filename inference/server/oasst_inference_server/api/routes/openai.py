@@ -1,0 +1,232 @@
+"""The OpenAI-compatible API: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``.
+
+Authenticate with a user's API key (``Authorization: Bearer oak-...``) or access token. Errors have
+OpenAI's shape and status codes (see :mod:`oasst_inference_server.errors`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Request, Response
+from pydantic import ValidationError
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.admission.limits import check_queue_capacity
+from oasst_inference_server.admission.rate_limit import check_generation_limits
+from oasst_inference_server.api.deps import ApiCaller, SessionDep, SettingsDep
+from oasst_inference_server.auth.caller import Caller
+from oasst_inference_server.db.models import DbMessage
+from oasst_inference_server.dispatch.worker_registry import LiveModel
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.openai_api.openai_service import ClientGone, OpenAIService
+from oasst_inference_server.openai_api.openai_streams import (
+    ChatChunks,
+    CompletionChunks,
+    OpenAIStreamResponse,
+    stream_answer,
+)
+from oasst_inference_server.settings import Settings
+from oasst_shared.openai_schemas import (
+    AssistantMessage,
+    ChatCompletionChoice,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    CompletionChoice,
+    CompletionRequest,
+    CompletionResponse,
+    EmbeddingData,
+    EmbeddingRequest,
+    EmbeddingResponse,
+    ErrorResponse,
+    ModelCard,
+    ModelList,
+    UsageInfo,
+    encode_embedding_base64,
+    openai_finish_reason,
+)
+from oasst_shared.sampling import SamplingParameters
+from oasst_shared.schemas import MessageRead
+
+router = APIRouter(prefix="/v1", tags=["openai"])
+
+_STARTED = int(time.time())
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    400: {"model": ErrorResponse, "description": "Invalid or unsupported parameters"},
+    401: {"model": ErrorResponse, "description": "Missing, invalid or revoked API key"},
+    404: {"model": ErrorResponse, "description": "Unknown model"},
+    429: {"model": ErrorResponse, "description": "Rate limit or concurrency limit (see Retry-After)"},
+    500: {"model": ErrorResponse, "description": "The generation failed"},
+    503: {"model": ErrorResponse, "description": "No worker serves the model right now"},
+}
+_STREAM = {"content": {"text/event-stream": {}}, "description": "With stream=true: server-sent chunks"}
+
+
+def get_openai_service(request: Request) -> OpenAIService:
+    state = request.app.state
+    return OpenAIService(state.settings, state.session_factory, state.broker, state.lifecycle, state.registry)
+
+
+ServiceDep = Annotated[OpenAIService, Depends(get_openai_service)]
+
+
+def _card(model: LiveModel) -> ModelCard:
+    return ModelCard(
+        id=model.config.name,
+        created=_STARTED,
+        context_length=model.config.max_total_length,
+        max_input_length=model.config.max_input_length,
+        kind=model.config.kind,
+        worker_count=model.worker_count,
+    )
+
+
+@router.get("/models", response_model=ModelList, responses={401: _ERRORS[401]})
+async def list_models(caller: ApiCaller, service: ServiceDep) -> ModelList:
+    """The models at least one connected worker serves now, with their context length."""
+    live = await service.live_models()
+    return ModelList(data=[_card(m) for _, m in sorted(live.items())])
+
+
+@router.get(
+    "/models/{model:path}", response_model=ModelCard, responses={401: _ERRORS[401], 404: _ERRORS[404]}
+)
+async def retrieve_model(model: str, caller: ApiCaller, service: ServiceDep) -> ModelCard:
+    live = await service.live_models()
+    if model not in live:
+        available = ", ".join(sorted(live)) or "none"
+        raise ApiError(404, "model_not_found", f"the model {model!r} does not exist; available: {available}")
+    return _card(live[model])
+
+
+def _sampling(body: ChatCompletionRequest | CompletionRequest, model: LiveModel) -> SamplingParameters:
+    try:
+        return body.to_sampling_parameters(default_max_tokens=model.config.max_total_length)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        param = ".".join(str(p) for p in first["loc"]) or None
+        raise ApiError(400, "invalid_value", f"{param}: {first['msg']}", param=param) from None
+
+
+async def _admit(session: AsyncSession, settings: Settings, caller: Caller, model: LiveModel) -> None:
+    """The user's limits (429) and the model's queue capacity (503), as on the chat API."""
+    await check_generation_limits(session, settings, caller.user.id)
+    await check_queue_capacity(session, settings, model.config.name)
+
+
+async def _answer(service: OpenAIService, message: DbMessage, request: Request) -> MessageRead:
+    try:
+        return await service.wait(message, request.is_disconnected)
+    except ClientGone:
+        raise ApiError(499, "client_closed_request", "the client closed the connection") from None
+
+
+async def _generate(
+    request: Request,
+    response: Response,
+    body: ChatCompletionRequest | CompletionRequest,
+    caller: Caller,
+    session: AsyncSession,
+    settings: Settings,
+    service: OpenAIService,
+) -> Any:
+    """Both generation endpoints: queue the request, then stream its chunks or answer when done."""
+    chat = isinstance(body, ChatCompletionRequest)
+    model = await service.resolve_model(body.model, "generation")
+    sampling = _sampling(body, model)
+    await _admit(session, settings, caller, model)
+    if isinstance(body, ChatCompletionRequest):
+        message = await service.submit_chat(session, caller, model, sampling, *body.to_thread())
+    else:
+        message = await service.submit_completion(session, caller, model, sampling, body.prompt_text)
+    await session.close()  # do not hold a database connection while the answer is generated
+    completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{message.id}"
+    created, name = int(message.created_at.timestamp()), model.config.name
+    if body.stream:
+        chunks = (ChatChunks if chat else CompletionChunks)(completion_id, created, name)
+        stream = stream_answer(
+            service,
+            message,
+            chunks,
+            include_usage=body.include_usage,
+            is_disconnected=request.is_disconnected,
+        )
+        return OpenAIStreamResponse(stream, headers={"X-Request-Id": message.id})
+    final = await _answer(service, message, request)
+    response.headers["X-Request-Id"] = message.id
+    text, reason = final.content or "", openai_finish_reason(final.finish_reason)
+    usage = UsageInfo.of(final.prompt_tokens, final.generated_tokens)
+    if chat:
+        choice = ChatCompletionChoice(message=AssistantMessage(content=text), finish_reason=reason)
+        return ChatCompletionResponse(
+            id=completion_id, created=created, model=name, choices=[choice], usage=usage
+        )
+    choices = [CompletionChoice(text=text, finish_reason=reason)]
+    return CompletionResponse(id=completion_id, created=created, model=name, choices=choices, usage=usage)
+
+
+@router.post("/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, 200: _STREAM})
+async def chat_completions(
+    request: Request,
+    response: Response,
+    body: ChatCompletionRequest,
+    caller: ApiCaller,
+    session: SessionDep,
+    settings: SettingsDep,
+    service: ServiceDep,
+) -> Any:
+    """Answer a conversation (system, user and assistant messages); ``stream`` for server-sent chunks."""
+    return await _generate(request, response, body, caller, session, settings, service)
+
+
+@router.post("/completions", response_model=CompletionResponse, responses={**_ERRORS, 200: _STREAM})
+async def completions(
+    request: Request,
+    response: Response,
+    body: CompletionRequest,
+    caller: ApiCaller,
+    session: SessionDep,
+    settings: SettingsDep,
+    service: ServiceDep,
+) -> Any:
+    """Continue a raw prompt (no chat template); ``stream`` for server-sent chunks."""
+    return await _generate(request, response, body, caller, session, settings, service)
+
+
+@router.post("/embeddings", response_model=EmbeddingResponse, responses=_ERRORS)
+async def embeddings(
+    request: Request,
+    response: Response,
+    body: EmbeddingRequest,
+    caller: ApiCaller,
+    session: SessionDep,
+    settings: SettingsDep,
+    service: ServiceDep,
+) -> EmbeddingResponse:
+    """Embed each input with an embedding model's workers (one vector per input, in input order)."""
+    model = await service.resolve_model(body.model, "embedding")
+    inputs = body.inputs
+    await _admit(session, settings, caller, model)
+    message = await service.submit_embedding(session, caller, model, inputs)
+    await session.close()
+    try:
+        await _answer(service, message, request)
+        vectors, prompt_tokens = await service.embeddings_of(message)
+    finally:
+        await service.settle(message, finished=True)  # the vectors are read: erase them
+    if len(vectors) != len(inputs):
+        raise ApiError(
+            500, "embeddings_mismatch", f"the worker returned {len(vectors)} vectors for {len(inputs)} inputs"
+        )
+    response.headers["X-Request-Id"] = message.id
+    return EmbeddingResponse(
+        data=[
+            EmbeddingData(
+                index=i, embedding=encode_embedding_base64(v) if body.encoding_format == "base64" else v
+            )
+            for i, v in enumerate(vectors)
+        ],
+        model=model.config.name,
+        usage=UsageInfo(prompt_tokens=prompt_tokens, total_tokens=prompt_tokens),
+    )

@@ -1,0 +1,106 @@
+from __future__ import annotations
+
+import asyncio
+import functools
+import hmac
+
+from fastapi import APIRouter, WebSocket
+from loguru import logger
+from starlette.websockets import WebSocketDisconnect
+
+from oasst_inference_server.auth.worker_keys import find_worker_by_key, record_worker_event
+from oasst_inference_server.dispatch.worker_connection import WorkerConnection
+from oasst_shared.protocol import (
+    API_KEY_HEADER,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_UNSUPPORTED_PROTOCOL,
+    MIN_SUPPORTED_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+    PROTOCOL_VERSION_HEADER,
+    ProtocolError,
+    UpgradeRequired,
+    WorkerInfo,
+    dump_frame,
+    parse_worker_frame,
+)
+
+router = APIRouter(prefix="/workers", tags=["workers"])
+
+
+def _key_is_valid(key: str | None, valid_keys: list[str]) -> bool:
+    if not key:
+        return False
+    return any(hmac.compare_digest(key.encode(), k.encode()) for k in valid_keys)
+
+
+@router.websocket("/work")
+async def worker_work(websocket: WebSocket) -> None:
+    """The worker socket: API-key and protocol-version handshake, then the frames of oasst_shared.protocol."""
+    state = websocket.app.state
+    settings = state.settings
+    key = websocket.headers.get(API_KEY_HEADER)
+    static_key = _key_is_valid(key, settings.worker_api_keys)
+    # Besides the static keys of settings: the keys of workers registered through the admin API.
+    registered = None if static_key else await find_worker_by_key(state.session_factory, key)
+    if not static_key and registered is None:
+        logger.warning("refused a worker from {}: bad API key", websocket.client)
+        await websocket.close(code=CLOSE_POLICY_VIOLATION)  # before accept: an HTTP 403
+        return
+    await websocket.accept()
+    raw_version = websocket.headers.get(PROTOCOL_VERSION_HEADER, "")
+    version = int(raw_version) if raw_version.isdigit() else 0
+    if not MIN_SUPPORTED_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
+        detail = (
+            f"this server speaks worker protocol {MIN_SUPPORTED_PROTOCOL_VERSION}..{PROTOCOL_VERSION}, "
+            f"the worker sent {raw_version or 'none'}: upgrade the "
+            f"{'worker' if version < MIN_SUPPORTED_PROTOCOL_VERSION else 'server'}"
+        )
+        logger.warning("refused a worker from {}: {}", websocket.client, detail)
+        frame = UpgradeRequired(
+            server_protocol_version=PROTOCOL_VERSION,
+            min_supported_version=MIN_SUPPORTED_PROTOCOL_VERSION,
+            detail=detail,
+        )
+        await websocket.send_text(dump_frame(frame))
+        await websocket.close(code=CLOSE_UNSUPPORTED_PROTOCOL, reason="protocol version not supported")
+        return
+    try:
+        text = await asyncio.wait_for(websocket.receive_text(), timeout=settings.worker_hello_timeout)
+        info = parse_worker_frame(text)
+    except (asyncio.TimeoutError, WebSocketDisconnect):
+        logger.warning("worker from {} never described itself", websocket.client)
+        await _close_quietly(websocket, CLOSE_POLICY_VIOLATION, "expected worker_info")
+        return
+    except ProtocolError as exc:
+        await _close_quietly(websocket, CLOSE_POLICY_VIOLATION, f"malformed worker_info: {exc}"[:120])
+        return
+    if not isinstance(info, WorkerInfo):
+        await _close_quietly(websocket, CLOSE_POLICY_VIOLATION, "the first frame must be worker_info")
+        return
+    connection = WorkerConnection(
+        websocket,
+        info,
+        settings=settings,
+        broker=state.broker,
+        lifecycle=state.lifecycle,
+    )
+    record = functools.partial(
+        record_worker_event,
+        state.session_factory,
+        worker_id=registered.id if registered else None,
+        session_id=connection.session_id,
+        model_config_name=info.model_config_.name,
+    )
+    details = {"backend_kind": info.backend_kind, "max_parallel_requests": info.max_parallel_requests}
+    await record(event_type="connected", details=details)
+    try:
+        await connection.run()
+    finally:
+        await record(event_type="disconnected")
+
+
+async def _close_quietly(websocket: WebSocket, code: int, reason: str) -> None:
+    try:
+        await websocket.close(code=code, reason=reason)
+    except RuntimeError:
+        pass

@@ -1,0 +1,54 @@
+"""Users' API keys: created with 256 random bits, shown once, stored as a SHA-256 hash.
+
+A plain hash (no salt, no slow KDF) is enough for keys this random: nobody can guess one from its
+hash, and a lookup by hash stays one indexed query per request.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import timedelta
+
+from sqlalchemy import select, update
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.auth.refresh_tokens import hash_secret
+from oasst_inference_server.db.models import DbApiKey, DbUser, utcnow
+
+API_KEY_PREFIX = "oak-"
+_SHOWN_PREFIX_LENGTH = len(API_KEY_PREFIX) + 8
+_LAST_USED_RESOLUTION = timedelta(minutes=1)  # write last_used_at at most this often
+
+
+def generate_api_key() -> str:
+    return API_KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def is_api_key(token: str) -> bool:
+    return token.startswith(API_KEY_PREFIX)
+
+
+async def create_api_key(session: AsyncSession, user: DbUser, name: str) -> tuple[DbApiKey, str]:
+    """A new key for ``user``: the row (committed) and the key itself, which is not stored."""
+    key = generate_api_key()
+    row = DbApiKey(user_id=user.id, name=name, prefix=key[:_SHOWN_PREFIX_LENGTH], key_hash=hash_secret(key))
+    session.add(row)
+    await session.commit()
+    return row, key
+
+
+async def authenticate_api_key(session: AsyncSession, key: str) -> tuple[DbUser, DbApiKey] | None:
+    """The user and row of a valid, unrevoked key; None otherwise."""
+    row = (
+        await session.execute(select(DbApiKey).where(DbApiKey.key_hash == hash_secret(key)))
+    ).scalar_one_or_none()
+    if row is None or row.revoked_at is not None:
+        return None
+    user = await session.get(DbUser, row.user_id)
+    if user is None or user.deleted:
+        return None
+    now = utcnow()
+    if row.last_used_at is None or now - row.last_used_at > _LAST_USED_RESOLUTION:
+        await session.execute(update(DbApiKey).where(DbApiKey.id == row.id).values(last_used_at=now))
+        await session.commit()
+    return user, row

@@ -1,0 +1,93 @@
+"""Trusted-client auth: a web frontend signs its users in with the ``TrustedClient`` header.
+
+The format is the original Open-Assistant inference server's, so its web frontend works unchanged:
+the header is base64-encoded JSON ``{"api_key", "client", "user_id", "provider_account_id",
+"username"}``. ``api_key`` must be one of ``settings.trusted_client_api_keys``; ``user_id`` is the
+user's id at the frontend and becomes (or finds) the user's id here, with ``client`` as its provider.
+
+A trusted client acts only for users it created: a user id that belongs to another provider (a
+GitHub or debug login, another frontend) is refused, so one frontend's key cannot reach another's
+users.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hmac
+import json
+
+from loguru import logger
+from pydantic import BaseModel, Field, ValidationError
+from sqlalchemy.exc import IntegrityError
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.db.models import DbUser
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.settings import Settings
+
+TRUSTED_CLIENT_HEADER = "TrustedClient"
+
+
+class TrustedClient(BaseModel):
+    api_key: str = Field(min_length=1, max_length=512)
+    client: str = Field(min_length=1, max_length=32)  # "website", "discord", ...
+    user_id: str = Field(min_length=1, max_length=36)  # the user's id in the frontend's backend
+    provider_account_id: str = Field(min_length=1, max_length=128)  # the user's id at the client
+    username: str = Field(min_length=1, max_length=256)
+
+
+def encode_trusted_client(info: TrustedClient) -> str:
+    """The header value a frontend sends (used by tests and tools)."""
+    return base64.b64encode(info.model_dump_json().encode()).decode()
+
+
+def parse_trusted_client(header: str) -> TrustedClient:
+    try:
+        raw = base64.b64decode(header.strip(), validate=False)
+        return TrustedClient.model_validate(json.loads(raw))
+    except (binascii.Error, ValueError, ValidationError, UnicodeDecodeError):
+        raise ApiError(
+            401, "invalid_trusted_client", "the TrustedClient header is not base64 JSON of the expected shape"
+        ) from None
+
+
+def _key_is_trusted(settings: Settings, api_key: str) -> bool:
+    return any(hmac.compare_digest(api_key.encode(), k.encode()) for k in settings.trusted_client_api_keys)
+
+
+async def trusted_client_user(session: AsyncSession, settings: Settings, header: str) -> DbUser:
+    """The user a trusted client speaks for, created on first sight."""
+    info = parse_trusted_client(header)
+    if not _key_is_trusted(settings, info.api_key):
+        raise ApiError(401, "unauthorized_client", "unknown trusted-client API key")
+    user = await session.get(DbUser, info.user_id)
+    if user is None:
+        user = DbUser(
+            id=info.user_id,
+            provider=info.client,
+            provider_account_id=info.provider_account_id,
+            display_name=info.username,
+        )
+        session.add(user)
+        try:
+            await session.commit()
+            logger.info("trusted client {} created user {}", info.client, user.id)
+        except IntegrityError:
+            # Created by a concurrent request, or the account id is taken by another user id.
+            await session.rollback()
+            found = await session.get(DbUser, info.user_id)
+            if found is None:
+                raise ApiError(
+                    409, "account_conflict", "this client account is linked to another user id"
+                ) from None
+            user = found
+    if user.deleted:
+        raise ApiError(401, "user_deleted", "this account was deleted")
+    if user.provider != info.client:
+        raise ApiError(401, "unauthorized_client", "this user was not created by this trusted client")
+    if user.display_name != info.username:
+        user.display_name = info.username
+        session.add(user)
+        await session.commit()
+    return user

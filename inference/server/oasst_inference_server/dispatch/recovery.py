@@ -1,0 +1,149 @@
+"""The recovery loop: the periodic repairs that keep DESIGN's invariants true after any fault.
+
+It runs on one replica at a time (a broker lock) every ``recovery_interval`` seconds and:
+
+1. releases messages whose lease expired (their worker vanished without the server noticing, e.g.
+   the replica holding its socket was killed): they are retried elsewhere or fail;
+2. re-queues pending messages that no work queue holds (Redis flushed or restarted, or a hint was
+   lost in flight);
+3. fails pending messages that waited ``no_worker_timeout`` with no worker connected for their
+   model, so a reader gets an error naming the model instead of an endless pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from datetime import timedelta
+
+from loguru import logger
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.broker import Broker
+from oasst_inference_server.db.models import DbMessage, utcnow
+from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
+from oasst_inference_server.settings import Settings
+from oasst_shared.protocol import Cancel, dump_frame
+from oasst_shared.schemas import MessageState
+
+LOCK_NAME = "recovery-loop"
+
+
+class RecoveryLoop:
+    def __init__(
+        self,
+        session_factory: async_sessionmaker[AsyncSession],
+        broker: Broker,
+        lifecycle: MessageLifecycle,
+        registry: WorkerRegistry,
+        settings: Settings,
+    ):
+        self._sessions = session_factory
+        self._broker = broker
+        self._lifecycle = lifecycle
+        self._registry = registry
+        self._settings = settings
+        self.owner = f"replica-{uuid.uuid4().hex[:12]}"
+        self.stopping = asyncio.Event()
+
+    async def run(self) -> None:
+        interval = self._settings.recovery_interval
+        while not self.stopping.is_set():
+            try:
+                if await self._broker.acquire_lock(LOCK_NAME, self.owner, ttl=interval * 3):
+                    await self.tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the loop must survive a broker or database outage
+                logger.warning("recovery pass failed: {}: {}", type(exc).__name__, exc)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.stopping.wait(), timeout=interval)
+
+    async def stop(self) -> None:
+        with contextlib.suppress(Exception):
+            await self._broker.release_lock(LOCK_NAME, self.owner)
+
+    async def tick(self) -> None:
+        await self.expire_leases()
+        await self.requeue_lost_work()
+        await self.fail_unservable()
+
+    async def expire_leases(self) -> None:
+        now = utcnow()
+        async with self._sessions() as session:
+            expired = (
+                await session.execute(
+                    select(DbMessage.id, DbMessage.worker_session_id).where(
+                        DbMessage.state == MessageState.in_progress.value,
+                        DbMessage.lease_deadline < now,
+                    )
+                )
+            ).all()
+        for message_id, session_id in expired:
+            logger.warning("lease of message {} (worker {}) expired", message_id, session_id)
+            if session_id:
+                # If the worker still runs somewhere, it should stop: the message moves on.
+                with contextlib.suppress(Exception):
+                    await self._broker.publish_command(
+                        events.worker_command_channel(session_id), dump_frame(Cancel(message_id=message_id))
+                    )
+            await self._lifecycle.release(
+                message_id, session_id or "", "lease expired: the worker stopped responding"
+            )
+
+    async def requeue_lost_work(self) -> None:
+        grace = utcnow() - timedelta(seconds=self._settings.requeue_grace)
+        async with self._sessions() as session:
+            pending = (
+                await session.execute(
+                    select(DbMessage.id, DbMessage.model_config_name)
+                    .where(
+                        DbMessage.state == MessageState.pending.value,
+                        DbMessage.enqueued_at < grace,
+                    )
+                    .order_by(DbMessage.enqueued_at)
+                )
+            ).all()
+        by_model: dict[str, list[str]] = {}
+        for message_id, model in pending:
+            by_model.setdefault(model or "", []).append(message_id)
+        for model, message_ids in by_model.items():
+            queue = events.work_queue_name(model)
+            queued = set(await self._broker.queued_ids(queue))
+            missing = [m for m in message_ids if m not in queued]
+            for message_id in missing:
+                await self._broker.push_work(queue, message_id)
+            if missing:
+                logger.warning(
+                    "re-queued {} pending messages of {} missing from the queue", len(missing), model
+                )
+
+    async def fail_unservable(self) -> None:
+        cutoff = utcnow() - timedelta(seconds=self._settings.no_worker_timeout)
+        async with self._sessions() as session:
+            waiting = (
+                await session.execute(
+                    select(DbMessage.id, DbMessage.model_config_name).where(
+                        DbMessage.state == MessageState.pending.value,
+                        DbMessage.enqueued_at < cutoff,
+                    )
+                )
+            ).all()
+        if not waiting:
+            return
+        live = await self._registry.live_models()
+        for message_id, model in waiting:
+            if model in live:
+                continue
+            await self._lifecycle.fail(
+                message_id,
+                f"no worker for model {model!r} connected within {self._settings.no_worker_timeout:.0f}s",
+                state=MessageState.failed,
+            )
+            if model:
+                await self._broker.remove_work(events.work_queue_name(model), message_id)

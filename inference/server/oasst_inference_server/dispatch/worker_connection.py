@@ -1,0 +1,338 @@
+"""One connected worker: dispatch work to it, relay its tokens, watch its health.
+
+Five tasks run per connection and the first to end ends them all:
+
+* ``_receive``  - parses worker frames (a malformed one closes the socket with 1008);
+* the relay     - writes the tokens ``_receive`` hands it to the broker in batches (:mod:`.token_relay`);
+* ``_dispatch`` - while the worker has a free slot, pops a hint from its model's queue and claims it;
+* ``_ping``     - pings; a worker silent past ``worker_ping_timeout`` is disconnected;
+* ``_commands`` - forwards commands (cancel) that any replica published for this session.
+
+When the connection ends, every message it still held is released for a retry elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+import uuid
+from collections.abc import Awaitable, Callable
+
+from fastapi import WebSocket
+from loguru import logger
+from pydantic import BaseModel
+from starlette.websockets import WebSocketDisconnect, WebSocketState
+
+from oasst_inference_server import metrics
+from oasst_inference_server.broker import Broker, BrokerError, WorkerSessionRecord
+from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.dispatch.token_relay import TokenRelay
+from oasst_inference_server.settings import Settings
+from oasst_shared.protocol import (
+    CLOSE_GOING_AWAY,
+    CLOSE_POLICY_VIOLATION,
+    CLOSE_UNAUTHORIZED,
+    Cancel,
+    Drain,
+    Embeddings,
+    GeneratedText,
+    Ping,
+    Pong,
+    ProtocolError,
+    Token,
+    TokenBatch,
+    WorkerError,
+    WorkerInfo,
+    dump_frame,
+    parse_server_frame,
+    parse_worker_frame,
+)
+
+# Published on a session's command channel to close that socket from any replica (key revoked).
+DISCONNECT_COMMAND = '{"type":"disconnect"}'
+
+
+class _ConnectionClosed(Exception):
+    def __init__(self, code: int, reason: str):
+        super().__init__(reason)
+        self.code = code
+        self.reason = reason
+
+
+class WorkerConnection:
+    def __init__(
+        self,
+        websocket: WebSocket,
+        info: WorkerInfo,
+        *,
+        settings: Settings,
+        broker: Broker,
+        lifecycle: MessageLifecycle,
+    ):
+        self.websocket = websocket
+        self.info = info
+        self.session_id = f"ws-{uuid.uuid4().hex[:20]}"
+        self.model_name = info.model_config_.name
+        self._settings = settings
+        self._broker = broker
+        self._lifecycle = lifecycle
+        self.in_flight: set[str] = set()
+        self.backend_healthy = True
+        self.draining = False
+        self._capacity_changed = asyncio.Event()
+        self._send_lock = asyncio.Lock()
+        self._last_pong = time.monotonic()
+        self.connected_at = time.time()
+        self._dispatched_at: dict[str, float] = {}
+        # Resolved once: labels() is a locked dict lookup, and this counter moves on every token.
+        self._tokens_relayed = metrics.TOKENS.labels(self.model_name)
+        self._first_token_at: dict[str, float] = {}
+        self._relay = TokenRelay(broker, label=f" of worker {self.session_id}")
+
+    # ------------------------------------------------------------ public
+    @property
+    def free_slots(self) -> int:
+        if self.draining or not self.backend_healthy:
+            return 0
+        return max(0, self.info.max_parallel_requests - len(self.in_flight))
+
+    async def run(self) -> None:
+        metrics.WORKERS_CONNECTED.labels(self.model_name).inc()
+        await self._publish_session()
+        logger.info(
+            "worker {} connected: model {}, {} slots, backend {}",
+            self.session_id,
+            self.model_name,
+            self.info.max_parallel_requests,
+            self.info.backend_kind,
+        )
+        tasks = [
+            asyncio.create_task(self._guard(self._receive), name="receive"),
+            asyncio.create_task(self._guard(self._dispatch), name="dispatch"),
+            asyncio.create_task(self._guard(self._ping), name="ping"),
+            asyncio.create_task(self._guard(self._commands), name="commands"),
+            asyncio.create_task(self._guard(self._relay.run), name="relay"),
+        ]
+        close: _ConnectionClosed | None = None
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                result = task.result()
+                if isinstance(result, _ConnectionClosed):
+                    close = result
+        finally:
+            for task in tasks:
+                task.cancel()
+            # Bounded: a task stuck in a broker call must not keep the worker's messages hostage.
+            _, stuck = await asyncio.wait(tasks, timeout=2.0)
+            if stuck:
+                logger.warning("worker {}: {} tasks did not stop in time", self.session_id, len(stuck))
+            await self._cleanup(close)
+
+    # ------------------------------------------------------------ tasks
+    async def _guard(self, task: Callable[[], Awaitable[None]]) -> _ConnectionClosed | None:
+        try:
+            await task()
+        except _ConnectionClosed as closed:
+            return closed
+        except WebSocketDisconnect as exc:
+            return _ConnectionClosed(exc.code, "worker disconnected")
+        except RuntimeError as exc:  # starlette: send/receive on a closed socket
+            return _ConnectionClosed(CLOSE_GOING_AWAY, f"socket closed: {exc}")
+        return None
+
+    async def _receive(self) -> None:
+        while True:
+            text = await self.websocket.receive_text()
+            # Any frame proves the worker alive: under load its pongs queue behind token frames.
+            self._last_pong = time.monotonic()
+            try:
+                frame = parse_worker_frame(text)
+            except ProtocolError as exc:
+                logger.warning("worker {} sent a malformed frame: {}", self.session_id, exc)
+                metrics.ERRORS.labels("protocol").inc()
+                raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, f"malformed frame: {exc}"[:120]) from None
+            if isinstance(frame, Token):
+                await self._on_token(frame)
+            elif isinstance(frame, TokenBatch):
+                for token in frame.tokens:
+                    await self._on_token(token)
+            elif isinstance(frame, Pong):
+                await self._on_pong(frame)
+            elif isinstance(frame, GeneratedText):
+                if frame.message_id in self.in_flight:
+                    self._observe_speed(frame.message_id, frame.generated_tokens)
+                    await self._relay.flush()  # the terminal event comes after every token
+                    await self._lifecycle.complete(self.session_id, frame)
+                    self._done(frame.message_id)
+            elif isinstance(frame, Embeddings):
+                if frame.message_id in self.in_flight:
+                    await self._lifecycle.complete_embeddings(self.session_id, frame)
+                    self._done(frame.message_id)
+            elif isinstance(frame, WorkerError):
+                await self._on_error(frame)
+            elif isinstance(frame, Drain):
+                logger.info("worker {} is draining ({} in flight)", self.session_id, len(self.in_flight))
+                self.draining = True
+                self._capacity_changed.set()
+                await self._publish_session()
+            elif isinstance(frame, WorkerInfo):
+                raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, "worker_info may only be the first frame")
+
+    async def _dispatch(self) -> None:
+        queue = events.work_queue_name(self.model_name)
+        while True:
+            while self.free_slots <= 0:
+                self._capacity_changed.clear()
+                await self._capacity_changed.wait()
+            try:
+                message_id = await self._broker.pop_work(queue, timeout=1.0)
+            except BrokerError as exc:
+                # Redis is down or restarting: keep the worker, try again; the recovery loop
+                # re-queues whatever the outage lost.
+                logger.warning("worker {}: cannot read the work queue: {}", self.session_id, exc)
+                await asyncio.sleep(1.0)
+                continue
+            if message_id is None:
+                continue
+            try:
+                work = await self._lifecycle.claim(message_id, self.session_id)
+            except BaseException:
+                # The hint was taken from the queue but not acted on: put it back.
+                await self._broker.push_work(queue, message_id)
+                raise
+            if work is None:
+                continue  # stale hint: the message was taken, cancelled or finished meanwhile
+            self.in_flight.add(message_id)
+            self._dispatched_at[message_id] = time.monotonic()
+            metrics.DISPATCHED.labels(self.model_name).inc()
+            metrics.IN_FLIGHT.labels(self.model_name).inc()
+            logger.info("message {} -> worker {} (attempt {})", message_id, self.session_id, work.attempt)
+            try:
+                await self._send(work)
+            except BaseException:
+                self._done(message_id)
+                await self._lifecycle.release(
+                    message_id, self.session_id, "could not send work to the worker"
+                )
+                raise
+            await self._publish_session()
+
+    async def _ping(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.worker_ping_interval)
+            silent_for = time.monotonic() - self._last_pong
+            if silent_for > self._settings.worker_ping_timeout:
+                logger.warning("worker {} did not answer pings for {:.0f}s", self.session_id, silent_for)
+                raise _ConnectionClosed(CLOSE_GOING_AWAY, "ping timeout")
+            await self._send(Ping(ping_id=uuid.uuid4().hex[:12]))
+
+    async def _commands(self) -> None:
+        async with self._broker.subscribe_commands(
+            events.worker_command_channel(self.session_id)
+        ) as commands:
+            async for data in commands:
+                if data == DISCONNECT_COMMAND:
+                    raise _ConnectionClosed(CLOSE_UNAUTHORIZED, "the worker's API key was revoked")
+                try:
+                    frame = parse_server_frame(data)
+                except ProtocolError:
+                    logger.error("bad command for worker {}: {}", self.session_id, data[:200])
+                    continue
+                if isinstance(frame, Cancel) and frame.message_id in self.in_flight:
+                    await self._send(frame)
+
+    # ------------------------------------------------------------ frame handlers
+    async def _on_token(self, token: Token) -> None:
+        if token.message_id in self.in_flight:  # else late, after a cancel or a lost lease: dropped
+            self._count_token(token.message_id)
+            await self._relay.add(token.message_id, token.text)
+
+    async def _on_pong(self, pong: Pong) -> None:
+        was_healthy = self.backend_healthy
+        self.backend_healthy = pong.backend_healthy
+        if self.backend_healthy != was_healthy:
+            logger.info("worker {} backend healthy: {}", self.session_id, self.backend_healthy)
+            self._capacity_changed.set()
+        if self.in_flight:
+            await self._lifecycle.extend_leases(self.session_id)
+        await self._publish_session()
+
+    async def _on_error(self, error: WorkerError) -> None:
+        metrics.ERRORS.labels("worker_retryable" if error.retryable else "worker_fatal").inc()
+        if error.message_id is None:
+            logger.warning("worker {} reported: {}", self.session_id, error.error)
+            return
+        if error.message_id not in self.in_flight:
+            return
+        await self._relay.flush()  # a retry or error event comes after the tokens it discards
+        self._done(error.message_id)
+        await self._lifecycle.release(
+            error.message_id, self.session_id, error.error, retryable=error.retryable
+        )
+
+    # ------------------------------------------------------------ helpers
+    def _done(self, message_id: str) -> None:
+        if message_id in self.in_flight:
+            metrics.IN_FLIGHT.labels(self.model_name).dec()
+        self.in_flight.discard(message_id)
+        self._dispatched_at.pop(message_id, None)
+        self._first_token_at.pop(message_id, None)
+        self._capacity_changed.set()
+
+    def _count_token(self, message_id: str) -> None:
+        self._tokens_relayed.inc()
+        if message_id not in self._first_token_at:
+            now = time.monotonic()
+            self._first_token_at[message_id] = now
+            dispatched = self._dispatched_at.get(message_id)
+            if dispatched is not None:
+                metrics.TIME_TO_FIRST_TOKEN.labels(self.model_name).observe(now - dispatched)
+
+    def _observe_speed(self, message_id: str, generated_tokens: int) -> None:
+        first = self._first_token_at.get(message_id)
+        if first is not None and generated_tokens > 1:
+            elapsed = time.monotonic() - first
+            if elapsed > 0:
+                metrics.TOKENS_PER_SECOND.labels(self.model_name).observe((generated_tokens - 1) / elapsed)
+
+    async def _send(self, frame: BaseModel) -> None:
+        async with self._send_lock:
+            await self.websocket.send_text(dump_frame(frame))
+
+    async def _publish_session(self) -> None:
+        data = {
+            "model_config": self.info.model_config_.model_dump(mode="json"),
+            "max_parallel_requests": self.info.max_parallel_requests,
+            "free_slots": self.free_slots,
+            "in_flight": sorted(self.in_flight),
+            "backend_kind": self.info.backend_kind,
+            "backend_healthy": self.backend_healthy,
+            "draining": self.draining,
+            "worker_version": self.info.worker_version,
+            "connected_at": self.connected_at,
+        }
+        record = WorkerSessionRecord(self.session_id, self.model_name, json.dumps(data))
+        try:
+            await self._broker.put_worker_session(record, ttl=self._settings.worker_ping_timeout * 2)
+        except BrokerError as exc:
+            logger.warning("worker {}: session not published: {}", self.session_id, exc)
+
+    async def _cleanup(self, close: _ConnectionClosed | None) -> None:
+        reason = close.reason if close else "connection ended"
+        metrics.WORKERS_CONNECTED.labels(self.model_name).dec()
+        for message_id in list(self.in_flight):
+            self._done(message_id)
+            with contextlib.suppress(Exception):
+                await self._lifecycle.release(message_id, self.session_id, f"worker lost: {reason}")
+        with contextlib.suppress(Exception):
+            await self._broker.remove_worker_session(self.session_id)
+        if self.websocket.application_state == WebSocketState.CONNECTED:
+            with contextlib.suppress(Exception):
+                await self.websocket.close(
+                    code=close.code if close else CLOSE_GOING_AWAY, reason=reason[:120]
+                )
+        logger.info("worker {} disconnected: {}", self.session_id, reason)

@@ -1,0 +1,39 @@
+"""Which workers are connected, on any replica: their sessions as the broker holds them."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+from oasst_inference_server.broker import Broker
+from oasst_shared.model_configs import MODEL_CONFIGS, ModelConfig
+
+
+@dataclass
+class LiveModel:
+    config: ModelConfig
+    worker_count: int = 0
+    free_slots: int = 0
+
+
+@dataclass
+class WorkerRegistry:
+    broker: Broker
+
+    async def live_models(self) -> dict[str, LiveModel]:
+        """Models with at least one connected worker on any replica."""
+        models: dict[str, LiveModel] = {}
+        for record in await self.broker.list_worker_sessions():
+            try:
+                data = json.loads(record.data)
+                config = ModelConfig.model_validate(data["model_config"])
+            except (ValueError, KeyError):
+                continue
+            live = models.setdefault(config.name, LiveModel(config=config))
+            live.worker_count += 1
+            live.free_slots += int(data.get("free_slots", 0))
+        return models
+
+    @staticmethod
+    def known_model_names(live: dict[str, LiveModel]) -> list[str]:
+        return sorted(set(live) | set(MODEL_CONFIGS))

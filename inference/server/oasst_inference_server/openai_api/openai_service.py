@@ -1,0 +1,335 @@
+"""Serving the OpenAI-compatible API on the shared queue: one message per request.
+
+Each request becomes a :class:`DbMessage` (``kind`` "completion" or "embedding", with the caller's
+``user_id`` and ``api_key_id``) on the same queue, workers, limits and accounting as chat answers. The
+route then follows the message's events with the reader the chat SSE endpoint uses and translates them
+into OpenAI's shapes (:mod:`oasst_inference_server.openai_api.openai_streams`).
+
+A request whose client goes away (a closed stream, a dropped connection) cancels its message, so the
+worker stops generating; the token counts the worker reports for the cancelled message are its usage.
+
+What is kept of a request (``store_api_conversations``):
+
+* off (the default): once answered, the message keeps its token counts, model, state and timestamps;
+  its prompt, answer and vectors are erased (``_scrub``). Requests abandoned mid-way are erased when
+  their worker reports back, and a sweep on every later request of the user catches any left behind
+  (e.g. by a replica that stopped);
+* on: a chat completion or completion is stored as a chat of the user (the prompt turns, then the
+  answer), listed with their other chats and continuable there; embedding inputs are kept, vectors not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from contextlib import aclosing
+from datetime import timedelta
+from typing import Any
+
+import anyio
+from loguru import logger
+from sqlalchemy import null, or_, update
+from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.auth.caller import Caller
+from oasst_inference_server.broker import Broker
+from oasst_inference_server.chats.chat_store import title_from_prompt
+from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
+from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.settings import Settings
+from oasst_inference_server.streams.event_reader import read_message_events
+from oasst_shared.model_configs import ModelKind
+from oasst_shared.protocol import ChatTurn
+from oasst_shared.sampling import SamplingParameters
+from oasst_shared.schemas import MessageRead, MessageState, Role
+
+IsDisconnected = Callable[[], Awaitable[bool]]
+
+API_KINDS = ("completion", "embedding")
+_TERMINAL_STATES = tuple(s.value for s in MessageState if s.is_terminal and s != MessageState.manual)
+_SWEEP_AGE = timedelta(minutes=10)  # answered long enough ago that no handler still reads it
+_ABANDONED_WAIT_SECONDS = 600.0
+_background: set[asyncio.Task[None]] = set()
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+def generation_failure(event: dict[str, Any]) -> ApiError:
+    """The error to report for a terminal ``error`` event."""
+    state = (event.get("message") or {}).get("state") or "failed"
+    return ApiError(500, f"generation_{state}", f"the generation failed: {event.get('error') or state}")
+
+
+class OpenAIService:
+    def __init__(
+        self,
+        settings: Settings,
+        session_factory: async_sessionmaker[AsyncSession],
+        broker: Broker,
+        lifecycle: MessageLifecycle,
+        registry: WorkerRegistry,
+    ):
+        self.settings = settings
+        self._sessions = session_factory
+        self._broker = broker
+        self._lifecycle = lifecycle
+        self._registry = registry
+
+    # ------------------------------------------------------------ models
+    async def live_models(self) -> dict[str, LiveModel]:
+        return await self._registry.live_models()
+
+    async def resolve_model(self, name: str, kind: ModelKind) -> LiveModel:
+        """The live model ``name`` of ``kind``: 404 if unknown, 503 if no worker serves it now."""
+        live = await self._registry.live_models()
+        model = live.get(name)
+        available = ", ".join(sorted(n for n, m in live.items() if m.config.kind == kind)) or "none"
+        if model is None:
+            if name in self._registry.known_model_names(live):
+                raise ApiError(
+                    503,
+                    "model_unavailable",
+                    f"no worker serves the model {name!r} right now; available: {available}",
+                    param="model",
+                )
+            raise ApiError(
+                404,
+                "model_not_found",
+                f"the model {name!r} does not exist; available models: {available}",
+                param="model",
+            )
+        if model.config.kind != kind:
+            use = "/v1/embeddings" if model.config.kind == "embedding" else "/v1/chat/completions"
+            raise ApiError(
+                400,
+                "wrong_model_kind",
+                f"{name!r} is a {model.config.kind} model: use {use} (available here: {available})",
+                param="model",
+            )
+        return model
+
+    # ------------------------------------------------------------ submitting requests
+    async def submit_chat(
+        self,
+        session: AsyncSession,
+        caller: Caller,
+        model: LiveModel,
+        sampling: SamplingParameters,
+        system_prompt: str | None,
+        thread: list[ChatTurn],
+    ) -> DbMessage:
+        message = self._new_message(
+            caller,
+            "completion",
+            model,
+            sampling,
+            {"thread": [t.model_dump() for t in thread]},
+            system_prompt=system_prompt,
+        )
+        return await self._enqueue(session, message, thread)
+
+    async def submit_completion(
+        self,
+        session: AsyncSession,
+        caller: Caller,
+        model: LiveModel,
+        sampling: SamplingParameters,
+        prompt: str,
+    ) -> DbMessage:
+        message = self._new_message(caller, "completion", model, sampling, {"raw_prompt": prompt})
+        return await self._enqueue(session, message, [ChatTurn(role="user", content=prompt)])
+
+    async def submit_embedding(
+        self, session: AsyncSession, caller: Caller, model: LiveModel, inputs: list[str]
+    ) -> DbMessage:
+        message = self._new_message(caller, "embedding", model, None, {"inputs": inputs})
+        return await self._enqueue(session, message)
+
+    def _new_message(
+        self,
+        caller: Caller,
+        kind: str,
+        model: LiveModel,
+        sampling: SamplingParameters | None,
+        payload: dict[str, Any],
+        *,
+        system_prompt: str | None = None,
+    ) -> DbMessage:
+        return DbMessage(
+            kind=kind,
+            user_id=caller.user.id,
+            api_key_id=caller.api_key_id,
+            role=Role.assistant.value,
+            state=MessageState.pending.value,
+            model_config_name=model.config.name,
+            sampling_parameters=sampling.model_dump(mode="json") if sampling else None,
+            system_prompt=system_prompt,
+            request_payload=payload,
+            enqueued_at=utcnow(),
+        )
+
+    @staticmethod
+    def _store_as_chat(session: AsyncSession, message: DbMessage, thread: list[ChatTurn]) -> None:
+        """Keep the conversation as a chat: its turns (user -> prompter), then the pending answer."""
+        first_user = next((t.content for t in thread if t.role == "user"), "") or "API request"
+        chat = DbChat(user_id=message.user_id, title=title_from_prompt(first_user))
+        session.add(chat)
+        parent_id: str | None = None
+        for turn in thread:
+            if turn.role == "system":
+                continue  # a system turn inside the thread has no place in a chat; the request keeps it
+            prompter = turn.role == "user"
+            stored = DbMessage(
+                chat_id=chat.id,
+                parent_id=parent_id,
+                role=(Role.prompter if prompter else Role.assistant).value,
+                content=turn.content,
+                state=(MessageState.manual if prompter else MessageState.complete).value,
+            )
+            session.add(stored)
+            parent_id = stored.id
+        message.chat_id = chat.id
+        message.parent_id = parent_id
+        message.created_at = message.enqueued_at = utcnow()  # after its turns, in the chat's order
+        chat.active_thread_tail_message_id = message.id
+
+    async def _enqueue(
+        self, session: AsyncSession, message: DbMessage, thread: list[ChatTurn] | None = None
+    ) -> DbMessage:
+        """Commit and queue the message; with ``store_api_conversations``, ``thread`` as its chat."""
+        if thread is not None and self.settings.store_api_conversations:
+            self._store_as_chat(session, message, thread)
+        session.add(message)
+        await session.commit()
+        try:
+            await self._lifecycle.enqueue(message)
+        except Exception as exc:
+            # The message is safely pending in the database; the recovery loop re-queues it.
+            logger.opt(exception=exc).error("could not queue API request {}", message.id)
+        logger.info(
+            "API request {} ({}, {}) queued for user {}",
+            message.id,
+            message.kind,
+            message.model_config_name,
+            message.user_id,
+        )
+        return message
+
+    # ------------------------------------------------------------ following a request
+    async def events(
+        self, message_id: str, is_disconnected: IsDisconnected
+    ) -> AsyncGenerator[list[dict[str, Any]], None]:
+        """The message's events, decoded, in batches (one per broker read); ends after the terminal
+        one, or early if the client left."""
+        reader = read_message_events(
+            self._lifecycle, self._broker, self.settings, message_id, None, is_disconnected
+        )
+        async with aclosing(reader) as batches:
+            async for batch in batches:
+                yield [json.loads(entry["data"]) for entry in batch]
+
+    async def wait(self, message: DbMessage, is_disconnected: IsDisconnected) -> MessageRead:
+        """Wait for the finished message; raise the failure as an ``ApiError``, or ``ClientGone``."""
+        finished = False
+        try:
+            async with aclosing(self.events(message.id, is_disconnected)) as batches:
+                async for batch in batches:
+                    for event in batch:
+                        kind = event["event_type"]
+                        if kind == "message":
+                            finished = True
+                            return MessageRead.model_validate(event["message"])
+                        if kind == "error":
+                            finished = True
+                            raise generation_failure(event)
+                    if await is_disconnected():
+                        break  # nobody waits for the rest: stop the worker now
+            raise ClientGone()
+        finally:
+            await self.settle(message, finished, scrub=message.kind != "embedding")
+
+    async def settle(self, message: DbMessage, finished: bool, *, scrub: bool = True) -> None:
+        """After a request: cancel it if its client left before the end; erase what is not kept.
+
+        Shielded, so it completes even while the request's task is being cancelled (a disconnect).
+        """
+        with anyio.CancelScope(shield=True):
+            try:
+                if not finished:
+                    await self._abandon(message)
+                elif scrub:
+                    await self.scrub(message)
+            except Exception as exc:
+                logger.opt(exception=exc).error("could not settle API request {}", message.id)
+
+    async def _abandon(self, message: DbMessage) -> None:
+        current = await self._lifecycle.get(message.id)
+        if current is not None and not MessageState(current.state).is_terminal:
+            await self._lifecycle.request_cancel(current)
+            logger.info("API request {}: the client left, generation cancelled", message.id)
+        _spawn(self._scrub_when_finished(message), name=f"scrub-{message.id}")
+
+    async def _scrub_when_finished(self, message: DbMessage) -> None:
+        deadline = asyncio.get_running_loop().time() + _ABANDONED_WAIT_SECONDS
+        while asyncio.get_running_loop().time() < deadline:
+            current = await self._lifecycle.get(message.id)
+            if current is None:
+                return
+            if MessageState(current.state).is_terminal:
+                await self.scrub(current)
+                return
+            await asyncio.sleep(1.0)
+
+    # ------------------------------------------------------------ what is kept
+    async def scrub(self, message: DbMessage) -> None:
+        """Erase the content of one answered request (and of the user's older ones left behind)."""
+        store = self.settings.store_api_conversations
+        swept_before = utcnow() - _SWEEP_AGE
+        async with self._sessions() as session:
+            owned = (DbMessage.user_id == message.user_id) & DbMessage.kind.in_(API_KINDS)
+            finished = DbMessage.state.in_(_TERMINAL_STATES)
+            this_or_old = (DbMessage.id == message.id) | (DbMessage.finished_at < swept_before)
+            await session.execute(
+                update(DbMessage)
+                .where(owned, finished, this_or_old, DbMessage.result_payload.is_not(None))
+                .values(result_payload=null())  # SQL NULL, not JSON null
+            )
+            if not store:
+                await session.execute(
+                    update(DbMessage)
+                    .where(
+                        owned,
+                        finished,
+                        this_or_old,
+                        DbMessage.chat_id.is_(None),
+                        or_(
+                            DbMessage.content.is_not(None),
+                            DbMessage.request_payload.is_not(None),
+                            DbMessage.system_prompt.is_not(None),
+                        ),
+                    )
+                    .values(content=None, request_payload=null(), system_prompt=None)
+                )
+            await session.commit()
+
+    async def embeddings_of(self, message: DbMessage) -> tuple[list[list[float]], int]:
+        """The vectors and prompt tokens of a finished embedding request (read before the scrub)."""
+        current = await self._lifecycle.get(message.id)
+        payload = (current.result_payload if current else None) or {}
+        vectors = payload.get("embeddings")
+        if current is None or not isinstance(vectors, list):
+            raise ApiError(500, "embeddings_missing", "the worker returned no embeddings")
+        return vectors, current.prompt_tokens or 0
+
+
+def _spawn(coroutine: Coroutine[Any, Any, None], name: str) -> None:
+    """Run a follow-up that outlives its request (kept referenced until done)."""
+    task = asyncio.create_task(coroutine, name=name)
+    _background.add(task)
+    task.add_done_callback(_background.discard)

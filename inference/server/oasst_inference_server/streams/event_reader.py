@@ -1,0 +1,98 @@
+"""Reading a message's events: the broker stream first, the database as the fallback."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Awaitable, Callable
+
+from loguru import logger
+
+from oasst_inference_server.broker import Broker, BrokerError, StreamEntry
+from oasst_inference_server.db.models import utcnow
+from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.settings import Settings
+from oasst_inference_server.streams.sse import SseEvent
+from oasst_shared.schemas import MessageState
+
+_TERMINAL_GRACE_SECONDS = 2.0
+
+
+async def read_message_events(
+    lifecycle: MessageLifecycle,
+    broker: Broker,
+    settings: Settings,
+    message_id: str,
+    after: str | None,
+    is_disconnected: Callable[[], Awaitable[bool]],
+) -> AsyncGenerator[list[SseEvent], None]:
+    """The events of one message as batches of sse-starlette dicts (``id`` only for stored events).
+
+    A batch is what one broker read returned (never empty), so a reader that fell behind catches up
+    in one write to its client rather than one per token. Stored events come from the broker stream
+    after ``after``; while the message waits, a ``pending`` event with its queue position (counted in
+    the database) is added every ``pending_update_interval``; it ends after exactly one terminal
+    event, rebuilt from the database when the stream has expired.
+    """
+    stream = events.stream_name(message_id)
+    message = await lifecycle.get(message_id)
+    if message is None:
+        return
+    if message.state == MessageState.pending.value and after is None:
+        position, size = await lifecycle.queue_position(message)
+        yield [{"data": events.pending_event(position, size)}]
+    while True:
+        try:
+            entries = await broker.read_events(stream, after, timeout=settings.pending_update_interval)
+        except BrokerError as exc:
+            # Redis is down: keep the reader, follow the database until it is back.
+            logger.warning("event stream of {} unavailable: {}", message_id, exc)
+            await asyncio.sleep(settings.pending_update_interval)
+            entries = []
+        if entries:
+            batch, ended = _up_to_terminal(entries)
+            yield batch
+            if ended:
+                return
+            after = entries[-1].id
+            continue
+        if await is_disconnected():
+            return
+        message = await lifecycle.get(message_id)
+        if message is None:
+            return
+        state = MessageState(message.state)
+        if state.is_terminal:
+            # The database is updated just before the terminal event is appended: give it a moment
+            # to land, so the reader gets it with its id. Without a stream (expired), the
+            # database has the final word.
+            recent = message.finished_at is None or (utcnow() - message.finished_at).total_seconds() < 30
+            grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
+            while late := await _read_quietly(broker, stream, after, grace):
+                batch, ended = _up_to_terminal(late)
+                yield batch
+                if ended:
+                    return
+                after = late[-1].id
+            yield [{"data": lifecycle.final_event(message)}]
+            return
+        if state == MessageState.pending:
+            position, size = await lifecycle.queue_position(message)
+            yield [{"data": events.pending_event(position, size)}]
+
+
+def _up_to_terminal(entries: list[StreamEntry]) -> tuple[list[SseEvent], bool]:
+    """The entries as SSE dicts, cut after the first terminal one; and whether there was one."""
+    batch: list[SseEvent] = []
+    for entry in entries:
+        batch.append({"id": entry.id, "data": entry.data})
+        if events.is_terminal(entry.data):
+            return batch, True
+    return batch, False
+
+
+async def _read_quietly(broker: Broker, stream: str, after: str | None, timeout: float) -> list[StreamEntry]:
+    try:
+        return await broker.read_events(stream, after, timeout=timeout)
+    except BrokerError:
+        return []
