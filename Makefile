@@ -76,7 +76,7 @@ format: $(STAMP)
 	@$(VENV)/bin/ruff format .
 
 bench: $(STAMP)
-	@$(PY) bench/run_all.py
+	@$(PY) -m bench.run_all
 
 # The protocol and configuration references in docs/ are generated from the code.
 docs: $(STAMP)

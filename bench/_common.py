@@ -1,6 +1,6 @@
 """Shared helpers of the benchmark scripts: processes, clients, statistics and the results format.
 
-Every script starts the real processes (server, worker, backends) the way the root ``conftest.py`` does,
+Every script starts the real processes (server, worker, backends) with the helpers of ``tests/support/`` (as the tests do),
 in a throwaway directory, on its own Postgres database and Redis key prefix, and removes them at the end.
 Each script prints its tables and, with ``--json PATH``, writes a :class:`Report` that ``run_all.py``
 turns into docs/performance.md.
@@ -30,22 +30,12 @@ from typing import Any
 
 import httpx
 
+from tests.support.processes import ManagedProcess, free_port, wait_http_ok
+from tests.support.services import REDIS_URL, create_database, delete_redis_prefix, drop_database
+from tests.support.stacks import MODEL_NAME, WORKER_API_KEY
+
 ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "bench"
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from conftest import (  # noqa: E402 - the repository root must be on sys.path first
-    MODEL_NAME,
-    REDIS_URL,
-    WORKER_API_KEY,
-    ManagedProcess,
-    create_database,
-    delete_redis_prefix,
-    drop_database,
-    free_port,
-    wait_http_ok,
-)
 
 INSTANT_MODEL = "bench-instant"
 NO_ADMISSION_LIMITS = {"OASST_SERVER_RATE_LIMIT_PER_MINUTE": "0", "OASST_SERVER_MAX_QUEUE_SIZE": "1000000"}

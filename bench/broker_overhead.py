@@ -5,8 +5,8 @@ server + worker + backend (chat API + server-sent events). Reported per level: t
 (p50/p99) on both paths and the added part, relayed tokens/s, tokens per CPU-second of the server
 process, and the server's peak RSS (VmHWM).
 
-    python bench/broker_overhead.py              # full: levels 1,10,100,1000, 100 tokens a stream
-    python bench/broker_overhead.py --tiny       # CI: seconds
+    python -m bench.broker_overhead              # full: levels 1,10,100,1000, 100 tokens a stream
+    python -m bench.broker_overhead --tiny       # CI: seconds
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import argparse
 import math
 import time
 
-from _common import (
+from bench._common import (
     INSTANT_MODEL,
     BenchRun,
     OurApi,

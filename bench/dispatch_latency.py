@@ -8,8 +8,8 @@ server's enqueued_at (stamped just before the insert commits and the hint is pus
 (the claim). The direct path is the floor of one queue hop: RPUSH to BLPOP on Redis with the same number
 of waiting poppers.
 
-    python bench/dispatch_latency.py             # full: 1, 10, 100 workers, 200 messages each
-    python bench/dispatch_latency.py --tiny      # CI: seconds
+    python -m bench.dispatch_latency             # full: 1, 10, 100 workers, 200 messages each
+    python -m bench.dispatch_latency --tiny      # CI: seconds
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import time
 import uuid
 from typing import Any
 
-from _common import (
+from bench._common import (
     REDIS_URL,
     WORKER_API_KEY,
     BenchRun,

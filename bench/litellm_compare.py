@@ -8,8 +8,8 @@ goes straight to the backend (OpenAI API), through LiteLLM (OpenAI API) and thro
 
 Tiny mode (CI) skips LiteLLM (its install takes minutes) and says so; it still runs the other two paths.
 
-    python bench/litellm_compare.py              # full: 1, 10, 100 streams of 200 tokens
-    python bench/litellm_compare.py --tiny       # CI: seconds, without LiteLLM
+    python -m bench.litellm_compare              # full: 1, 10, 100 streams of 200 tokens
+    python -m bench.litellm_compare --tiny       # CI: seconds, without LiteLLM
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
-from _common import (
+
+from bench._common import (
     INSTANT_MODEL,
     BenchRun,
     LoadSummary,

@@ -6,8 +6,8 @@ per-token work dominate the per-message work (requests, database). Prints, for e
 CPU went: by layer (redis-py, SSE, SQL, logging...), by library of the leaf frame, the top frames by own
 time, the project's frames by inclusive time, and each sample charged to the innermost project frame.
 
-    python bench/profile_hot_path.py              # full: 20 streams of 1,000 tokens for 20 s
-    python bench/profile_hot_path.py --tiny       # CI: a few seconds
+    python -m bench.profile_hot_path              # full: 20 streams of 1,000 tokens for 20 s
+    python -m bench.profile_hot_path --tiny       # CI: a few seconds
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from _common import (
+from bench._common import (
     INSTANT_MODEL,
     BenchRun,
     OurApi,

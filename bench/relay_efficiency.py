@@ -6,8 +6,8 @@ paths alternate prompt by prompt, so drift on a shared machine hits both alike. 
 token, decode tokens/s (after the first token) and end-to-end tokens/s, and the ratios b/a; as a check
 of the relay, how many answers came out identical on both paths.
 
-    python bench/relay_efficiency.py            # full: 8 prompts x 128 new tokens
-    python bench/relay_efficiency.py --tiny     # CI: seconds
+    python -m bench.relay_efficiency            # full: 8 prompts x 128 new tokens
+    python -m bench.relay_efficiency --tiny     # CI: seconds
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import argparse
 import time
 
 import httpx
-from _common import (
+
+from bench._common import (
     MODEL_NAME,
     BenchRun,
     OurApi,

@@ -5,9 +5,9 @@ docs/performance.md: the machine, the date, the command, the targets and every r
 generated part lies between two markers; whatever follows the end marker (the hand-written analysis) is
 kept from run to run.
 
-    python bench/run_all.py                     # everything, full size (about half an hour on 2 cores)
-    python bench/run_all.py --tiny              # everything in tiny mode, written to a file under /tmp
-    python bench/run_all.py --only broker_overhead,dispatch_latency   # re-measure two, keep the rest
+    python -m bench.run_all                     # everything, full size (about half an hour on 2 cores)
+    python -m bench.run_all --tiny              # everything in tiny mode, written to a file under /tmp
+    python -m bench.run_all --only broker_overhead,dispatch_latency   # re-measure two, keep the rest
 
 Every run stores its reports in bench/results/last-run.json; a partial run (--only, --skip) re-renders the
 file from the fresh reports and the stored ones of the scripts it did not run.
@@ -27,7 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, machine_info
+from bench._common import ROOT, machine_info
 
 SCRIPTS = [
     "relay_efficiency",
@@ -51,7 +51,7 @@ def run_script(name: str, tiny: bool, timeout: float, extra: list[str]) -> dict[
     """Run one script, echoing its output; its report, or a failure record."""
     with tempfile.TemporaryDirectory(prefix="oasst-bench-") as tmp:
         out = Path(tmp) / f"{name}.json"
-        argv = [sys.executable, str(ROOT / "bench" / f"{name}.py"), "--json", str(out), *extra]
+        argv = [sys.executable, "-m", f"bench.{name}", "--json", str(out), *extra]
         if tiny:
             argv.append("--tiny")
         print(f"\n>>> {' '.join(shlex.quote(a) for a in argv[1:])}", flush=True)
@@ -143,7 +143,7 @@ def render(reports: list[dict[str, Any]], *, command: str, tiny: bool, started: 
                 "",
             ]
             continue
-        cmd = f"python bench/{report['script']}.py" + (" --tiny" if report.get("tiny") else "")
+        cmd = f"python -m bench.{report['script']}" + (" --tiny" if report.get("tiny") else "")
         params = ", ".join(f"{k} {_fmt_param(v)}" for k, v in report.get("params", {}).items())
         when = f"measured {report.get('started_at', '?')} at commit `{report.get('machine', {}).get('commit', '?')}`"
         parts += [
@@ -243,7 +243,7 @@ def main() -> None:
     )
     started = datetime.now(timezone.utc)
     given = " ".join(sys.argv[1:])
-    command = f"python bench/run_all.py {given}" if given else "make bench"
+    command = f"python -m bench.run_all {given}" if given else "make bench"
     results = args.results or (
         Path(tempfile.gettempdir()) / "oasst-bench-tiny-results.json"
         if args.tiny

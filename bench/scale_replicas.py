@@ -6,8 +6,8 @@ read on the replica that does not hold the worker's socket (their tokens cross t
 direct path is the same closed loop straight to the instant backend. Both phases use one fresh database and
 key prefix; the second replica joins the first for phase two.
 
-    python bench/scale_replicas.py              # full: 100 streams of 200 tokens, 400 requests
-    python bench/scale_replicas.py --tiny       # CI: seconds
+    python -m bench.scale_replicas              # full: 100 streams of 200 tokens, 400 requests
+    python -m bench.scale_replicas --tiny       # CI: seconds
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from __future__ import annotations
 import argparse
 import time
 
-from _common import (
+from bench._common import (
     INSTANT_MODEL,
     BenchRun,
     OurApi,

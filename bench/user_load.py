@@ -11,8 +11,8 @@ Reported: turns, error rate, time to first token percentiles, queue wait (starte
 the database) and whether anything was lost: every answer must end complete, with the streamed text
 equal to the stored message.
 
-    python bench/user_load.py                    # full: 50 and 200 users, both backends, 60 s each
-    python bench/user_load.py --tiny             # CI: seconds
+    python -m bench.user_load                    # full: 50 and 200 users, both backends, 60 s each
+    python -m bench.user_load --tiny             # CI: seconds
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import httpx
-from _common import (
+
+from bench._common import (
     INSTANT_MODEL,
     MODEL_NAME,
     BenchRun,

@@ -17,7 +17,6 @@ from typing import Any
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
@@ -25,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 def run_tiny(name: str, tmp_path: Path, *extra: str, timeout: float = 240) -> dict[str, Any]:
     out = tmp_path / f"{name}.json"
     proc = subprocess.run(
-        [sys.executable, str(BENCH / f"{name}.py"), "--tiny", "--json", str(out), *extra],
+        [sys.executable, "-m", f"bench.{name}", "--tiny", "--json", str(out), *extra],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -2,18 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
-BENCH = Path(__file__).resolve().parents[2] / "bench"
-if str(BENCH) not in sys.path:
-    sys.path.insert(0, str(BENCH))
-
-import _common  # noqa: E402
-import profile_hot_path  # noqa: E402
-import run_all  # noqa: E402
+from bench import _common, profile_hot_path, run_all
 
 
 def test_percentiles_are_nearest_rank():

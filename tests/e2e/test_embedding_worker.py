@@ -12,9 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import Stack, start_stack, wait_for_model
 from oasst_shared.model_configs import MINILM_EMBEDDING
 from tests.e2e.chat_api import ChatApi
+from tests.support.processes import wait_for_model
+from tests.support.stacks import Stack, start_stack
 
 pytestmark = pytest.mark.slow
 

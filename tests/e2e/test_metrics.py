@@ -8,8 +8,9 @@ import uuid
 import httpx
 import pytest
 
-from conftest import free_port, start_stack, wait_for_model
 from tests.e2e.chat_api import ChatApi
+from tests.support.processes import free_port, wait_for_model
+from tests.support.stacks import start_stack
 
 pytestmark = pytest.mark.slow
 

@@ -12,10 +12,11 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import Stack, start_stack, wait_for_model
 from oasst_shared.model_configs import ModelConfig
 from tests.e2e.chat_api import ChatApi, tokens_text
 from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
+from tests.support.processes import wait_for_model
+from tests.support.stacks import Stack, start_stack
 
 pytestmark = pytest.mark.slow
 

@@ -14,20 +14,10 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from conftest import (
-    MODEL_NAME,
-    REDIS_URL,
-    Backend,
-    ManagedProcess,
-    free_port,
-    fresh_database,
-    fresh_redis_prefix,
-    server_env,
-    start_process,
-    wait_for_model,
-    wait_http_ok,
-)
 from tests.e2e.chat_api import ChatApi, tokens_text
+from tests.support.processes import ManagedProcess, free_port, start_process, wait_for_model, wait_http_ok
+from tests.support.services import REDIS_URL, fresh_database, fresh_redis_prefix
+from tests.support.stacks import MODEL_NAME, BackendProcess, server_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
@@ -72,7 +62,7 @@ def replicas(shared_database, shared_prefix, tmp_path) -> Iterator[list[str]]:
             process.stop()
 
 
-def test_a_worker_on_one_replica_serves_a_client_of_another(replicas, cpu_backend: Backend, tmp_path):
+def test_a_worker_on_one_replica_serves_a_client_of_another(replicas, cpu_backend: BackendProcess, tmp_path):
     first, second = replicas
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
     created = httpx.post(f"{second}/admin/workers", json={"name": "replica-test-worker"}, headers=admin)

@@ -11,7 +11,6 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from conftest import WORKER_API_KEY, wait_for_model
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import (
     PROTOCOL_VERSION,
@@ -22,6 +21,8 @@ from oasst_shared.protocol import (
     dump_frame,
 )
 from tests.e2e.chat_api import ChatApi
+from tests.support.processes import wait_for_model
+from tests.support.stacks import WORKER_API_KEY
 
 pytestmark = pytest.mark.slow
 

@@ -1,6 +1,6 @@
 """Every fault injected against the real Postgres and Redis; each test checks nothing is lost.
 
-The fake backend (fake_backend.py) scripts errors, stalls and drops; the worker-kill test uses the
+The fake backend (tests/support/fake_backend.py) scripts errors, stalls and drops; the worker-kill test uses the
 real CPU backend with SmolLM2.
 """
 
@@ -17,11 +17,13 @@ import pytest
 import redis
 from websockets.asyncio.client import connect
 
-from conftest import REDIS_URL, WORKER_API_KEY, start_process, wait_for_model, wait_http_ok
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import PROTOCOL_VERSION, Drain, WorkerInfo, dump_frame
 from tests.e2e.chat_api import ChatApi, tokens_text
-from tests.faults.conftest import fake_model, start_fake_worker
+from tests.support.fake_workers import fake_model, start_fake_worker
+from tests.support.processes import start_process, wait_for_model, wait_http_ok
+from tests.support.services import REDIS_URL
+from tests.support.stacks import WORKER_API_KEY
 
 pytestmark = pytest.mark.slow
 
@@ -144,8 +146,9 @@ def start_redis(port: int):
 async def test_redis_flush_or_restart_loses_no_pending_message(
     fault, cpu_backend, postgres_url, tmp_path, fake_backend
 ):
-    from conftest import free_port, start_stack
-    from tests.faults.conftest import FAST_TIMINGS
+    from tests.support.fake_workers import FAST_TIMINGS
+    from tests.support.processes import free_port
+    from tests.support.stacks import start_stack
 
     # A Redis of our own, so flushing and restarting it touches nothing else.
     port = free_port()
@@ -331,8 +334,8 @@ def test_queue_position_follows_the_database(fault_stack):
 
 @pytest.mark.parametrize("how", ["kill", "sigterm"])
 def test_a_lost_replica_s_reader_resumes_on_another(how, cpu_backend, postgres_url, redis_prefix, tmp_path):
-    from conftest import server_env
-    from tests.faults.conftest import FAST_TIMINGS
+    from tests.support.fake_workers import FAST_TIMINGS
+    from tests.support.stacks import server_env
 
     prefix = f"{redis_prefix}replicas:{uuid.uuid4().hex[:6]}:"
     replicas = []
@@ -382,24 +385,13 @@ def test_a_lost_replica_s_reader_resumes_on_another(how, cpu_backend, postgres_u
 
 
 def test_a_worker_whose_backend_is_down_takes_no_work_until_it_is_back(fault_stack, tmp_path):
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    from conftest import ManagedProcess, free_port
-    from tests.faults.conftest import FakeBackend
+    from tests.support.fake_workers import FakeBackend, start_fake_backend
+    from tests.support.processes import free_port
 
     port = free_port()
-    script = str(Path(__file__).parent / "fake_backend.py")
 
     def start_backend() -> FakeBackend:
-        log = tmp_path / f"fake-{uuid.uuid4().hex[:4]}.log"
-        proc = subprocess.Popen(
-            [sys.executable, script, str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT
-        )
-        process = ManagedProcess("fake-backend", proc, log)
-        wait_http_ok(f"http://127.0.0.1:{port}/health", process, timeout=30)
-        return FakeBackend(f"http://127.0.0.1:{port}", process)
+        return start_fake_backend(tmp_path, port)
 
     backend = start_backend()
     model = fake_model()

@@ -17,7 +17,7 @@ import httpx
 import openai
 import pytest
 
-from conftest import Backend, Stack, start_stack
+from tests.support.stacks import BackendProcess, Stack, start_stack
 
 RATE_LIMIT = 3
 
@@ -97,7 +97,7 @@ def client(user: ApiUser, key: str) -> openai.OpenAI:
 
 
 @pytest.fixture(scope="module")
-def limited_stack(cpu_backend: Backend, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+def limited_stack(cpu_backend: BackendProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """SQLite stack with 3 generations per minute, 1 at a time per user, and conversations kept as chats."""
     log_dir = tmp_path_factory.mktemp("limited-stack")
     stack = start_stack(

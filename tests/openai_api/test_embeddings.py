@@ -13,8 +13,9 @@ import httpx
 import openai
 import pytest
 
-from conftest import MODEL_NAME, Stack, wait_for_model
 from tests.openai_api.conftest import new_user
+from tests.support.processes import wait_for_model
+from tests.support.stacks import MODEL_NAME, Stack
 
 pytestmark = pytest.mark.slow
 

@@ -11,9 +11,10 @@ import signal
 import openai
 import pytest
 
-from conftest import MODEL_NAME, Stack, wait_for_model
 from tests.e2e.chat_api import ChatApi
 from tests.openai_api.conftest import RATE_LIMIT, new_user
+from tests.support.processes import wait_for_model
+from tests.support.stacks import MODEL_NAME, Stack
 
 pytestmark = pytest.mark.slow
 

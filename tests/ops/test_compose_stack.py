@@ -39,9 +39,9 @@ import httpx
 import pytest
 import yaml
 
-from conftest import free_port
 from tests.ops import docker_engine
 from tests.ops.docker_engine import Compose, DockerEngine, DockerUnavailable, Timer, log
+from tests.support.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import POSTGRES_ADMIN_DSN, REDIS_URL, admin_sql, delete_redis_prefix, free_port
+from tests.support.processes import free_port
+from tests.support.services import POSTGRES_ADMIN_DSN, REDIS_URL, admin_sql, delete_redis_prefix
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "full-dev-setup.sh"

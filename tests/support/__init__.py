@@ -1,0 +1,10 @@
+"""Helpers of the tests and the benchmarks (fixtures stay in the conftest.py files, which import these):
+
+- ``processes``: free ports, starting a process with its output in a log file, waiting until it answers
+- ``services``: throwaway Postgres databases and Redis key prefixes on the local servers
+- ``stacks``: the bundled CPU backend, and a server with its workers
+- ``fake_backend`` (a script) and ``fake_workers``: the scripted backend for fault injection, and workers
+  in front of it
+- ``llama_server``: llama-cpp-python's own OpenAI-compatible server
+- ``api``, ``fake_oauth``: the REST API tests' users and constants, and a fake OAuth provider
+"""

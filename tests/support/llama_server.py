@@ -9,7 +9,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from conftest import ManagedProcess, free_port, start_process, wait_http_ok
+from tests.support.processes import ManagedProcess, free_port, start_process, wait_http_ok
 
 ALIAS = "smollm2-gguf"
 

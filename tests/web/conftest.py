@@ -4,19 +4,19 @@ backend), with a fake OAuth provider and a rate limit the tests can reach."""
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from playwright.sync_api import expect
 
-from conftest import Backend, ManagedProcess, Stack, free_port, start_stack, wait_http_ok
-from tests.faults.conftest import FakeBackend, fake_model, start_fake_worker
+from tests.support import fake_oauth
+from tests.support.fake_workers import FakeBackend, fake_model, start_fake_worker
+from tests.support.processes import ManagedProcess, free_port, wait_http_ok
+from tests.support.stacks import BackendProcess, Stack, start_stack
 from tests.web.web_support import DESKTOP, ROOT, WebPage
 
 CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
@@ -34,20 +34,6 @@ CHROMIUM_FLAGS = [
 AUTH_SECRET = "web-tests-auth-secret-0123456789abcdef"
 RATE_LIMIT_PER_MINUTE = 12
 HOSTILE_MODEL = "hostile-scripted"
-
-
-def _load_fake_oauth() -> ModuleType:
-    # The server's API tests own the fake provider; it is a module beside them, not a package.
-    path = ROOT / "inference" / "server" / "tests" / "api" / "fake_oauth.py"
-    spec = importlib.util.spec_from_file_location("web_fake_oauth", path)
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-fake_oauth = _load_fake_oauth()
 
 
 # Page expectations wait this long (ms): the suite shares two cores with the model and other tests.
@@ -80,7 +66,7 @@ def oauth_provider() -> Iterator:
 
 @pytest.fixture(scope="session")
 def web_stack(
-    cpu_backend: Backend, oauth_provider, tmp_path_factory: pytest.TempPathFactory
+    cpu_backend: BackendProcess, oauth_provider, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     log_dir = tmp_path_factory.mktemp("web-stack")
     port = free_port()

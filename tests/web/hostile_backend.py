@@ -17,8 +17,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from tests.faults import fake_backend
-from tests.faults.fake_backend import _chunk
+from tests.support import fake_backend
+from tests.support.fake_backend import _chunk
 
 # Every attack sets window.__pwned (or fetches a /pwned address) if it ever runs.
 HOSTILE_ANSWER = """Here is **bold** text, `<b>inline code</b>` and a [safe link](https://example.com/docs).

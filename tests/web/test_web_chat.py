@@ -16,7 +16,7 @@ import jwt
 import pytest
 from playwright.sync_api import expect
 
-from conftest import free_port
+from tests.support.processes import free_port
 from tests.web.a11y import accessibility_problems, assert_accessible, focus_order
 from tests.web.conftest import AUTH_SECRET, HOSTILE_MODEL, RATE_LIMIT_PER_MINUTE, fake_oauth
 from tests.web.drop_proxy import DropProxy

@@ -18,7 +18,6 @@ from typing import Any
 import httpx
 import pytest
 
-from conftest import free_port
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import ChatTurn, Work
 from oasst_shared.sampling import SamplingParameters
@@ -27,6 +26,7 @@ from oasst_worker.backends.openai_wire import ChunkChoice, CompletionChunk, Serv
 from oasst_worker.backends.records import BackendError, GenerationResult, StreamedToken
 from oasst_worker.prompting import PromptBuilder
 from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
+from tests.support.processes import free_port
 
 CHAT_PROMPT = "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
 COUNTING_PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"

@@ -9,10 +9,8 @@ Everything is session-scoped and runs on the session's event loop (each test mod
 from __future__ import annotations
 
 import json
-import sys
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,16 +18,11 @@ import pytest_asyncio
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from conftest import REDIS_URL, free_port, fresh_database
 from oasst_inference_server.broker import WorkerSessionRecord
 from oasst_inference_server.main import create_app
 from oasst_inference_server.settings import Settings
 from oasst_shared.model_configs import SMOLLM2_135M
-
-# The helper modules beside this file (appended: `conftest` must stay the root one).
-sys.path.append(str(Path(__file__).parent))
-
-from api_support import (  # noqa: E402
+from tests.support.api import (
     ADMIN_TOKEN,
     MAX_MESSAGE_LENGTH,
     MAX_MESSAGES_PER_CHAT,
@@ -37,7 +30,9 @@ from api_support import (  # noqa: E402
     TRUSTED_KEY,
     User,
 )
-from fake_oauth import CLIENT_ID, CLIENT_SECRET, FakeProvider, ServerThread  # noqa: E402
+from tests.support.fake_oauth import CLIENT_ID, CLIENT_SECRET, FakeProvider, ServerThread
+from tests.support.processes import free_port
+from tests.support.services import REDIS_URL, fresh_database
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from api_support import API, assert_error, start_chat, trusted_header
-
 from oasst_inference_server.db.models import DbChat, DbMessage, DbRefreshToken, DbUser
+from tests.support.api import API, assert_error, start_chat, trusted_header
 
 pytestmark = API
 

@@ -6,10 +6,10 @@ import json
 import uuid
 
 import pytest
-from api_support import ADMIN, API, assert_error, start_chat
 
 from oasst_inference_server.auth.worker_keys import find_worker_by_key, record_worker_event
 from oasst_inference_server.broker import WorkerSessionRecord
+from tests.support.api import ADMIN, API, assert_error, start_chat
 
 pytestmark = API
 

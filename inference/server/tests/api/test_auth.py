@@ -7,11 +7,11 @@ import base64
 import uuid
 
 import pytest
-from api_support import API, TRUSTED_KEY, assert_error, trusted_header
 from pydantic import ValidationError
 
 from oasst_inference_server.auth.signed_tokens import create_token
 from oasst_inference_server.settings import Settings
+from tests.support.api import API, TRUSTED_KEY, assert_error, trusted_header
 
 pytestmark = API
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from api_support import (
+
+from tests.support.api import (
     API,
     MAX_MESSAGE_LENGTH,
     MAX_MESSAGES_PER_CHAT,

@@ -4,33 +4,12 @@ from __future__ import annotations
 
 from urllib.parse import parse_qs, urlsplit
 
-import httpx
 import pytest
-from api_support import API, assert_error
 
 from oasst_inference_server.auth import oauth
+from tests.support.api import API, assert_error, provider_redirect, start_sign_in
 
 pytestmark = API
-
-
-async def start(client, provider: str) -> tuple[str, str, str]:
-    """GET /auth/login/{provider}; returns (the provider URL, state, the nonce cookie)."""
-    response = await client.get(f"/auth/login/{provider}")
-    assert response.status_code == 302, response.text
-    location = response.headers["location"]
-    nonce = response.cookies.get(oauth.STATE_COOKIE)
-    assert nonce and "httponly" in response.headers["set-cookie"].lower()
-    client.cookies.clear()  # each test sends the cookie it means to (the client is shared)
-    return location, parse_qs(urlsplit(location).query)["state"][0], nonce
-
-
-async def provider_redirect(location: str) -> tuple[str, dict[str, str]]:
-    """Follow the browser to the provider, which redirects back with a code."""
-    async with httpx.AsyncClient() as browser:
-        response = await browser.get(location)
-    assert response.status_code == 302
-    back = response.headers["location"]
-    return back, {k: v[0] for k, v in parse_qs(urlsplit(back).query).items()}
 
 
 @pytest.mark.parametrize(
@@ -41,7 +20,7 @@ async def provider_redirect(location: str) -> tuple[str, dict[str, str]]:
     ],
 )
 async def test_sign_in_with_a_provider(client, fake_provider, provider, identity, expected_name):
-    location, state, nonce = await start(client, provider)
+    location, state, nonce = await start_sign_in(client, provider)
     query = parse_qs(urlsplit(location).query)
     assert query["redirect_uri"] == [f"http://testserver/auth/callback/{provider}"]
     assert query["client_id"] == ["fake-client-id"] and query["response_type"] == ["code"]
@@ -66,7 +45,7 @@ async def test_sign_in_with_a_provider(client, fake_provider, provider, identity
     )
     assert refreshed.status_code == 200
     # Signing in again finds the same user.
-    location, _, nonce = await start(client, provider)
+    location, _, nonce = await start_sign_in(client, provider)
     _, params = await provider_redirect(location)
     again = await client.get(f"/auth/callback/{provider}", params=params, cookies={oauth.STATE_COOKIE: nonce})
     again_headers = {"Authorization": f"Bearer {again.json()['access_token']['access_token']}"}
@@ -74,12 +53,12 @@ async def test_sign_in_with_a_provider(client, fake_provider, provider, identity
 
 
 async def test_callback_refuses_a_foreign_or_broken_state(client, fake_provider):
-    location, state, nonce = await start(client, "github")
+    location, state, nonce = await start_sign_in(client, "github")
     _, params = await provider_redirect(location)
     cookies = {oauth.STATE_COOKIE: nonce}
     # Started in another browser (no cookie, or another sign-in's cookie).
     assert_error(await client.get("/auth/callback/github", params=params), 400, "oauth_state_mismatch")
-    _, _, other_nonce = await start(client, "github")
+    _, _, other_nonce = await start_sign_in(client, "github")
     assert_error(
         await client.get("/auth/callback/github", params=params, cookies={oauth.STATE_COOKIE: other_nonce}),
         400,
@@ -109,7 +88,7 @@ async def test_expired_state_is_refused(client, app, fake_provider):
 
 @pytest.mark.parametrize("provider", ["github", "discord"])
 async def test_a_code_is_good_once(client, fake_provider, provider):
-    location, _, nonce = await start(client, provider)
+    location, _, nonce = await start_sign_in(client, provider)
     _, params = await provider_redirect(location)
     cookies = {oauth.STATE_COOKIE: nonce}
     assert (await client.get(f"/auth/callback/{provider}", params=params, cookies=cookies)).status_code == 200
@@ -118,7 +97,7 @@ async def test_a_code_is_good_once(client, fake_provider, provider):
 
 
 async def test_wrong_client_secret_is_reported(client, app, fake_provider):
-    location, _, nonce = await start(client, "discord")
+    location, _, nonce = await start_sign_in(client, "discord")
     _, params = await provider_redirect(location)
     original = app.state.settings
     app.state.settings = original.model_copy(update={"auth_discord_client_secret": "not-the-secret-000"})
@@ -132,7 +111,7 @@ async def test_wrong_client_secret_is_reported(client, app, fake_provider):
 
 
 async def test_unreachable_provider_is_a_502(client, app):
-    from conftest import free_port
+    from tests.support.processes import free_port
 
     dead = f"http://127.0.0.1:{free_port()}"
     original = app.state.settings

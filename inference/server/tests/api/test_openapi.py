@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from api_support import API
+from tests.support.api import API
 
 pytestmark = API
 

@@ -10,10 +10,9 @@ import os
 import subprocess
 import sys
 
-from api_support import API, assert_error
-
 from oasst_inference_server.auth.worker_keys import find_worker_by_key
 from oasst_inference_server.settings import Settings
+from tests.support.api import API, assert_error
 
 pytestmark = API
 
@@ -66,7 +65,7 @@ async def test_a_revoked_or_unknown_key_is_refused_on_the_chat_api(client, user)
 
 
 async def test_a_worker_key_from_the_admin_cli_is_a_registered_worker(client, app, settings):
-    from api_support import ADMIN
+    from tests.support.api import ADMIN
 
     made = admin_cli(settings, "create-worker-key", "--name", "gpu-box-7")
     assert made.returncode == 0, made.stderr

@@ -12,13 +12,13 @@ import pytest
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from conftest import fresh_database
 from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, utcnow
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.settings import Settings
+from tests.support.services import fresh_database
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])

@@ -11,13 +11,12 @@ import re
 from pathlib import Path
 
 import pytest
-from api_support import API, assert_error, start_chat
-from test_oauth import provider_redirect, start
 
 from oasst_inference_server.api.routes.web import CONTENT_SECURITY_POLICY
 from oasst_inference_server.auth import oauth
 from oasst_inference_server.chats.user_settings import MAX_SETTINGS_BYTES
 from oasst_inference_server.db.models import DbUserSettings
+from tests.support.api import API, assert_error, provider_redirect, start_chat, start_sign_in
 
 pytestmark = API
 
@@ -128,7 +127,7 @@ async def test_a_sign_in_started_by_the_page_ends_on_a_page_that_keeps_the_token
     )
     assert refreshed.status_code == 200
     # Without ?web=true the same flow still answers JSON (the text-client and other clients).
-    location, _, nonce = await start(client, "github")
+    location, _, nonce = await start_sign_in(client, "github")
     _, params = await provider_redirect(location)
     plain = await client.get("/auth/callback/github", params=params, cookies={oauth.STATE_COOKIE: nonce})
     assert plain.headers["content-type"] == "application/json" and "access_token" in plain.json()

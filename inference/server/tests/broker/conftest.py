@@ -7,7 +7,6 @@ a fresh random key prefix, and delete every key of that prefix afterwards. Desel
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
@@ -17,8 +16,7 @@ import redis.asyncio as aioredis
 
 from oasst_inference_server.broker import Broker, InMemoryBroker, RedisBroker
 from oasst_inference_server.broker.keys import RedisKeys
-
-REDIS_URL = os.environ.get("OASST_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+from tests.support.services import REDIS_URL
 
 BrokerFactory = Callable[..., Awaitable[Broker]]
 

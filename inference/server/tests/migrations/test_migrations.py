@@ -25,7 +25,6 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.ext.asyncio import AsyncEngine, create_async_engine
 from sqlmodel import SQLModel
 
-from conftest import free_port, fresh_database
 from oasst_inference_server.db import models  # noqa: F401 - registers the tables
 from oasst_inference_server.db.migrations import (
     INITIAL_REVISION,
@@ -37,6 +36,8 @@ from oasst_inference_server.db.migrations import (
     upgrade_to_head,
     wait_for_database,
 )
+from tests.support.processes import free_port
+from tests.support.services import fresh_database
 
 SERVER_DIR = Path(__file__).resolve().parents[2]
 REVISIONS = [

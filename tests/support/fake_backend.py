@@ -1,6 +1,6 @@
 """A scripted TGI-compatible backend for fault injection only (errors, stalls, drops, slow streams).
 
-Run: ``python tests/faults/fake_backend.py PORT``. What it does depends on a marker in the prompt:
+Run: ``python tests/support/fake_backend.py PORT``. What it does depends on a marker in the prompt:
 
 * ``[[slow]]``   one token every 50 ms, up to max_new_tokens (for cancel and kill tests)
 * ``[[stall]]``  two tokens, then silence

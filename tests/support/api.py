@@ -5,11 +5,13 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
 from fastapi import FastAPI
 
+from oasst_inference_server.auth import oauth
 from oasst_inference_server.auth.trusted_client import TrustedClient, encode_trusted_client
 
 API = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.asyncio(loop_scope="session")]
@@ -101,3 +103,23 @@ def assert_error(response: httpx.Response, status: int, code: str | None = None)
     if code is not None:
         assert body["code"] == code, body
     return body
+
+
+async def start_sign_in(client, provider: str) -> tuple[str, str, str]:
+    """GET /auth/login/{provider}; returns (the provider URL, state, the nonce cookie)."""
+    response = await client.get(f"/auth/login/{provider}")
+    assert response.status_code == 302, response.text
+    location = response.headers["location"]
+    nonce = response.cookies.get(oauth.STATE_COOKIE)
+    assert nonce and "httponly" in response.headers["set-cookie"].lower()
+    client.cookies.clear()  # each test sends the cookie it means to (the client is shared)
+    return location, parse_qs(urlsplit(location).query)["state"][0], nonce
+
+
+async def provider_redirect(location: str) -> tuple[str, dict[str, str]]:
+    """Follow the browser to the provider, which redirects back with a code."""
+    async with httpx.AsyncClient() as browser:
+        response = await browser.get(location)
+    assert response.status_code == 302
+    back = response.headers["location"]
+    return back, {k: v[0] for k, v in parse_qs(urlsplit(back).query).items()}
