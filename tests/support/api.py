@@ -88,7 +88,7 @@ async def finish_message(app: FastAPI, message_id: str, content: str = "An answe
     from oasst_inference_server.db.models import DbMessage, utcnow
 
     async with app.state.session_factory() as session:
-        await session.execute(
+        await session.exec(
             update(DbMessage)
             .where(DbMessage.id == message_id)  # type: ignore[arg-type]
             .values(state="complete", content=content, finished_at=utcnow(), finish_reason="eos_token")
@@ -123,3 +123,18 @@ async def provider_redirect(location: str) -> tuple[str, dict[str, str]]:
     assert response.status_code == 302
     back = response.headers["location"]
     return back, {k: v[0] for k, v in parse_qs(urlsplit(back).query).items()}
+
+
+async def get_with_cookies(
+    client: httpx.AsyncClient, url: str, cookies: dict[str, str], **kwargs: Any
+) -> httpx.Response:
+    """GET ``url`` sending ``cookies`` as well (httpx deprecates per-request cookies): they are set on the
+    shared client for this request only, unless the response changed them."""
+    for name, value in cookies.items():
+        client.cookies.set(name, value)
+    try:
+        return await client.get(url, **kwargs)
+    finally:
+        for name, value in cookies.items():
+            if client.cookies.get(name) == value:
+                client.cookies.delete(name)

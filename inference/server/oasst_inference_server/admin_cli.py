@@ -64,7 +64,7 @@ async def _create_worker_key(engine: AsyncEngine, name: str) -> str:
 async def _create_api_key(engine: AsyncEngine, username: str, key_name: str) -> str:
     async with make_session_factory(engine)() as session:
         user = (
-            await session.execute(
+            await session.exec(
                 select(DbUser).where(
                     DbUser.provider == LOCAL_PROVIDER, DbUser.provider_account_id == username
                 )

@@ -14,8 +14,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from sqlalchemy import func, select
+from sqlalchemy import func
 from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db.models import DbMessage, utcnow
@@ -75,7 +76,7 @@ async def render(session_factory: async_sessionmaker[AsyncSession]) -> tuple[byt
     """Refresh the database-derived gauges and return the exposition text."""
     async with session_factory() as session:
         rows = (
-            await session.execute(
+            await session.exec(
                 select(DbMessage.model_config_name, func.count(), func.min(DbMessage.enqueued_at))
                 .where(DbMessage.state == MessageState.pending.value)
                 .group_by(DbMessage.model_config_name)

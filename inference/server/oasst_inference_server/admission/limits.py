@@ -6,7 +6,8 @@ database, so every replica enforces the same numbers.
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.chats.chat_store import count_chat_messages
@@ -39,13 +40,13 @@ async def check_chat_capacity(session: AsyncSession, settings: Settings, chat_id
 async def check_queue_capacity(session: AsyncSession, settings: Settings, model_config_name: str) -> None:
     """503 with Retry-After while ``max_queue_size`` messages already wait for the model."""
     pending = (
-        await session.execute(
+        await session.exec(
             select(func.count()).where(
                 DbMessage.state == MessageState.pending.value,
                 DbMessage.model_config_name == model_config_name,
             )
         )
-    ).scalar_one()
+    ).one()
     if int(pending) >= settings.max_queue_size:
         raise ApiError(
             503,

@@ -14,8 +14,10 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, Select, and_, func, select
+from sqlalchemy import ColumnElement, and_, func
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
+from sqlmodel.sql.expression import SelectOfScalar
 
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
 from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES
@@ -26,7 +28,7 @@ WINDOW = timedelta(minutes=1)
 _CONCURRENCY_RETRY_AFTER = 2  # seconds: a generation slot frees when any of the user's answers ends
 
 
-def _own_generations(user_id: str, condition: ColumnElement[bool]) -> list[Select]:
+def _own_generations(user_id: str, condition: ColumnElement[bool]) -> list[SelectOfScalar[datetime | None]]:
     """Two selects of the user's generations matching ``condition``: API requests and chat answers."""
     direct = select(DbMessage.enqueued_at).where(DbMessage.user_id == user_id, condition)
     via_chat = (
@@ -40,7 +42,7 @@ def _own_generations(user_id: str, condition: ColumnElement[bool]) -> list[Selec
 async def _count(session: AsyncSession, user_id: str, condition: ColumnElement[bool]) -> int:
     total = 0
     for query in _own_generations(user_id, condition):
-        total += int((await session.execute(select(func.count()).select_from(query.subquery()))).scalar_one())
+        total += int((await session.exec(select(func.count()).select_from(query.subquery()))).one())
     return total
 
 
@@ -66,7 +68,7 @@ async def check_generation_limits(session: AsyncSession, settings: Settings, use
         )
         recent: list[datetime] = []
         for query in _own_generations(user_id, recent_condition):
-            recent.extend(t for t in (await session.execute(query)).scalars().all() if t is not None)
+            recent.extend(t for t in (await session.exec(query)).all() if t is not None)
         if len(recent) >= limit:
             recent.sort()
             # Once the oldest requests leave the window, one more fits.

@@ -9,7 +9,8 @@ from __future__ import annotations
 import secrets
 from datetime import timedelta
 
-from sqlalchemy import select, update
+from sqlalchemy import update
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.refresh_tokens import hash_secret
@@ -39,9 +40,7 @@ async def create_api_key(session: AsyncSession, user: DbUser, name: str) -> tupl
 
 async def authenticate_api_key(session: AsyncSession, key: str) -> tuple[DbUser, DbApiKey] | None:
     """The user and row of a valid, unrevoked key; None otherwise."""
-    row = (
-        await session.execute(select(DbApiKey).where(DbApiKey.key_hash == hash_secret(key)))
-    ).scalar_one_or_none()
+    row = (await session.exec(select(DbApiKey).where(DbApiKey.key_hash == hash_secret(key)))).one_or_none()
     if row is None or row.revoked_at is not None:
         return None
     user = await session.get(DbUser, row.user_id)
@@ -49,6 +48,6 @@ async def authenticate_api_key(session: AsyncSession, key: str) -> tuple[DbUser,
         return None
     now = utcnow()
     if row.last_used_at is None or now - row.last_used_at > _LAST_USED_RESOLUTION:
-        await session.execute(update(DbApiKey).where(DbApiKey.id == row.id).values(last_used_at=now))
+        await session.exec(update(DbApiKey).where(DbApiKey.id == row.id).values(last_used_at=now))
         await session.commit()
     return user, row

@@ -17,7 +17,8 @@ import secrets
 from datetime import timedelta
 
 from loguru import logger
-from sqlalchemy import ColumnElement, select, update
+from sqlalchemy import ColumnElement, update
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.signed_tokens import create_token
@@ -63,10 +64,8 @@ async def login(session: AsyncSession, settings: Settings, user: DbUser) -> Logi
 async def refresh(session: AsyncSession, settings: Settings, presented: str) -> LoginResponse:
     """Exchange a refresh token for a new access token and the family's next refresh token."""
     row = (
-        await session.execute(
-            select(DbRefreshToken).where(DbRefreshToken.token_hash == hash_secret(presented))
-        )
-    ).scalar_one_or_none()
+        await session.exec(select(DbRefreshToken).where(DbRefreshToken.token_hash == hash_secret(presented)))
+    ).one_or_none()
     if row is None:
         raise ApiError(401, "invalid_refresh_token", "unknown refresh token", _WWW)
     if row.revoked_at is not None:
@@ -80,7 +79,7 @@ async def refresh(session: AsyncSession, settings: Settings, presented: str) -> 
     user = await session.get(DbUser, row.user_id)
     if user is None or user.deleted:
         raise ApiError(401, "invalid_refresh_token", "unknown user", _WWW)
-    used = await session.execute(
+    used = await session.exec(
         update(DbRefreshToken)
         .where(
             DbRefreshToken.id == row.id,
@@ -89,7 +88,7 @@ async def refresh(session: AsyncSession, settings: Settings, presented: str) -> 
         )
         .values(used_at=now)
     )
-    if used.rowcount != 1:  # type: ignore[attr-defined]
+    if used.rowcount != 1:
         await session.rollback()  # a concurrent refresh used it first
         await _reuse_detected(session, user_id, family_id)
     token, successor = _new_refresh_row(settings, user_id, family_id)
@@ -117,10 +116,10 @@ async def _reuse_detected(session: AsyncSession, user_id: str, family_id: str) -
 async def revoke_family_of(session: AsyncSession, presented: str) -> int:
     """Log out: revoke the family of a refresh token (unknown tokens are ignored)."""
     family = (
-        await session.execute(
+        await session.exec(
             select(DbRefreshToken.family_id).where(DbRefreshToken.token_hash == hash_secret(presented))
         )
-    ).scalar_one_or_none()
+    ).one_or_none()
     if family is None:
         return 0
     return await revoke(session, DbRefreshToken.family_id == family)
@@ -132,10 +131,10 @@ async def revoke_user_tokens(session: AsyncSession, user_id: str) -> int:
 
 async def revoke(session: AsyncSession, condition: ColumnElement[bool]) -> int:
     """Revoke every unrevoked refresh token matching ``condition``; commits; returns how many."""
-    result = await session.execute(
+    result = await session.exec(
         update(DbRefreshToken)
         .where(condition, DbRefreshToken.revoked_at.is_(None))
         .values(revoked_at=utcnow())
     )
     await session.commit()
-    return int(result.rowcount)  # type: ignore[attr-defined]
+    return int(result.rowcount)

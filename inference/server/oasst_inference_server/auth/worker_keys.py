@@ -10,8 +10,8 @@ import secrets
 from typing import Any
 
 from loguru import logger
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.refresh_tokens import hash_secret
@@ -32,8 +32,8 @@ async def find_worker_by_key(sessions: async_sessionmaker[AsyncSession], key: st
     try:
         async with sessions() as session:
             return (
-                await session.execute(select(DbWorker).where(DbWorker.api_key_hash == hash_secret(key)))
-            ).scalar_one_or_none()
+                await session.exec(select(DbWorker).where(DbWorker.api_key_hash == hash_secret(key)))
+            ).one_or_none()
     except Exception as exc:  # the database is down: refuse rather than fail the handshake
         logger.error("could not check a worker key: {}", exc)
         return None

@@ -17,7 +17,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from loguru import logger
-from sqlalchemy import delete, select, update
+from sqlalchemy import delete, update
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
@@ -38,18 +39,16 @@ async def delete_account(session: AsyncSession, lifecycle: MessageLifecycle, use
         lifecycle,
         (DbMessage.user_id == user_id) | DbMessage.chat_id.in_(chat_ids),
     )
-    private = (
-        await session.execute(
-            select(DbChat).where(DbChat.user_id == user_id, DbChat.allow_data_use == False)  # noqa: E712
-        )
-    ).scalars()
+    private = await session.exec(
+        select(DbChat).where(DbChat.user_id == user_id, DbChat.allow_data_use == False)  # noqa: E712
+    )
     deleted_chats = 0
     for chat in list(private):
         await delete_chat(session, lifecycle, chat)
         deleted_chats += 1
-    await session.execute(update(DbChat).where(DbChat.user_id == user_id).values(title=None, hidden=True))
-    await session.execute(delete(DbUserSettings).where(DbUserSettings.user_id == user_id))
-    await session.execute(
+    await session.exec(update(DbChat).where(DbChat.user_id == user_id).values(title=None, hidden=True))
+    await session.exec(delete(DbUserSettings).where(DbUserSettings.user_id == user_id))
+    await session.exec(
         update(DbApiKey)
         .where(DbApiKey.user_id == user_id, DbApiKey.revoked_at.is_(None))
         .values(revoked_at=utcnow())

@@ -7,7 +7,8 @@ import binascii
 from datetime import datetime
 from typing import TYPE_CHECKING
 
-from sqlalchemy import ColumnElement, and_, delete, func, or_, select
+from sqlalchemy import ColumnElement, and_, delete, func, or_
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db.models import DbChat, DbMessage, DbMessageEvaluation, DbReport, DbUser
@@ -36,14 +37,14 @@ async def get_chat_message(session: AsyncSession, chat: DbChat, message_id: str)
 
 
 async def chat_messages(session: AsyncSession, chat_id: str) -> list[DbMessage]:
-    result = await session.execute(
+    result = await session.exec(
         select(DbMessage).where(DbMessage.chat_id == chat_id).order_by(DbMessage.created_at, DbMessage.id)
     )
-    return list(result.scalars().all())
+    return list(result.all())
 
 
 async def count_chat_messages(session: AsyncSession, chat_id: str) -> int:
-    return int((await session.execute(select(func.count()).where(DbMessage.chat_id == chat_id))).scalar_one())
+    return int((await session.exec(select(func.count()).where(DbMessage.chat_id == chat_id))).one())
 
 
 def to_chat_list_read(chat: DbChat) -> ChatListRead:
@@ -68,7 +69,7 @@ def message_read(message: DbMessage, reports: list[str] | None = None) -> Messag
 async def message_reports(session: AsyncSession, message_ids: list[str]) -> dict[str, list[str]]:
     if not message_ids:
         return {}
-    rows = await session.execute(
+    rows = await session.exec(
         select(DbReport.message_id, DbReport.report_type)
         .where(DbReport.message_id.in_(message_ids))
         .order_by(DbReport.created_at)
@@ -148,7 +149,7 @@ async def list_user_chats(
         ).order_by(DbChat.created_at.asc(), DbChat.id.asc())
     else:
         query = query.order_by(*newest_first)
-    rows = list((await session.execute(query.limit(limit + 1))).scalars().all())
+    rows = list((await session.exec(query.limit(limit + 1))).all())
     more = len(rows) > limit
     chats = rows[:limit]
     if before is not None:
@@ -171,9 +172,7 @@ async def cancel_active_messages(
     session: AsyncSession, lifecycle: MessageLifecycle, condition: ColumnElement[bool]
 ) -> int:
     """Cancel every pending or running message matching ``condition`` (on whichever replica runs it)."""
-    active = (
-        await session.execute(select(DbMessage).where(condition, DbMessage.state.in_(ACTIVE_STATES)))
-    ).scalars()
+    active = await session.exec(select(DbMessage).where(condition, DbMessage.state.in_(ACTIVE_STATES)))
     count = 0
     for message in list(active):
         await lifecycle.request_cancel(message)
@@ -185,9 +184,9 @@ async def delete_chat(session: AsyncSession, lifecycle: MessageLifecycle, chat: 
     """Cancel the chat's running messages, then delete it with its messages and feedback; commits."""
     await cancel_active_messages(session, lifecycle, DbMessage.chat_id == chat.id)
     message_ids = select(DbMessage.id).where(DbMessage.chat_id == chat.id).scalar_subquery()
-    await session.execute(delete(DbMessageEvaluation).where(DbMessageEvaluation.chat_id == chat.id))
-    await session.execute(delete(DbReport).where(DbReport.message_id.in_(message_ids)))
+    await session.exec(delete(DbMessageEvaluation).where(DbMessageEvaluation.chat_id == chat.id))
+    await session.exec(delete(DbReport).where(DbReport.message_id.in_(message_ids)))
     # One statement for all messages: the parent links point only within the set being deleted.
-    await session.execute(delete(DbMessage).where(DbMessage.chat_id == chat.id))
-    await session.execute(delete(DbChat).where(DbChat.id == chat.id))
+    await session.exec(delete(DbMessage).where(DbMessage.chat_id == chat.id))
+    await session.exec(delete(DbChat).where(DbChat.id == chat.id))
     await session.commit()

@@ -1,7 +1,7 @@
 """The life of an assistant message: enqueue, claim, stream, finish, retry or fail.
 
 Every state change is one conditional database update, so two workers (or two replicas) can never
-both own a message (DESIGN invariant 2), and a stale worker's late result is ignored. After the
+both own a message (rule 2 of docs/architecture.md), and a stale worker's late result is ignored. After the
 database changes, the matching event goes to the message's broker stream; the terminal event is
 appended only after the database says the message is finished, so a reader that sees it can read the
 finished message back.
@@ -12,8 +12,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 
 from loguru import logger
-from sqlalchemy import case, func, select, update
+from sqlalchemy import case, func, update
 from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server import metrics
@@ -74,7 +75,7 @@ class MessageLifecycle:
         async with self._sessions() as session:
             # One query for both numbers: every pending reader asks once per update interval.
             size, ahead_count = (
-                await session.execute(select(func.count(), func.count(ahead)).where(pending))
+                await session.exec(select(func.count(), func.count(ahead)).where(pending))
             ).one()
         return int(ahead_count) + 1, int(size)
 
@@ -93,7 +94,7 @@ class MessageLifecycle:
         now = utcnow()
         async with self._sessions() as session:
             claimed = (
-                await session.execute(
+                await session.exec(
                     update(DbMessage)
                     .where(DbMessage.id == message_id, DbMessage.state == MessageState.pending.value)
                     .values(
@@ -143,25 +144,26 @@ class MessageLifecycle:
     async def _thread(self, session: AsyncSession, message: DbMessage) -> list[ChatTurn]:
         """The conversation from the root to the message's parent, oldest first."""
         rows = (
-            await session.execute(
+            await session.exec(
                 select(DbMessage.id, DbMessage.parent_id, DbMessage.role, DbMessage.content).where(
                     DbMessage.chat_id == message.chat_id
                 )
             )
         ).all()
-        by_id = {r.id: r for r in rows}
+        by_id = {row_id: (parent_id, role, content) for row_id, parent_id, role, content in rows}
         turns: list[ChatTurn] = []
         current = by_id.get(message.parent_id) if message.parent_id else None
         while current is not None:
-            role = "user" if current.role == Role.prompter.value else "assistant"
-            turns.append(ChatTurn(role=role, content=current.content or ""))
-            current = by_id.get(current.parent_id) if current.parent_id else None
+            parent_id, role, content = current
+            speaker = "user" if role == Role.prompter.value else "assistant"
+            turns.append(ChatTurn(role=speaker, content=content or ""))
+            current = by_id.get(parent_id) if parent_id else None
         turns.reverse()
         return turns
 
     async def extend_leases(self, session_id: str) -> None:
         async with self._sessions() as session:
-            await session.execute(
+            await session.exec(
                 update(DbMessage)
                 .where(
                     DbMessage.worker_session_id == session_id,
@@ -232,7 +234,7 @@ class MessageLifecycle:
             return
         if retryable and attempts < self._settings.max_attempts:
             async with self._sessions() as session:
-                result = await session.execute(
+                result = await session.exec(
                     update(DbMessage)
                     .where(
                         DbMessage.id == message_id,
@@ -242,7 +244,7 @@ class MessageLifecycle:
                     .values(state=MessageState.pending.value, worker_session_id=None, lease_deadline=None)
                 )
                 await session.commit()
-                if result.rowcount != 1:  # type: ignore[attr-defined]
+                if result.rowcount != 1:
                     return
                 message = await session.get(DbMessage, message_id)
             assert message is not None
@@ -271,7 +273,7 @@ class MessageLifecycle:
         if message.state != MessageState.in_progress.value:
             return
         async with self._sessions() as session:
-            await session.execute(
+            await session.exec(
                 update(DbMessage)
                 .where(DbMessage.id == message.id, DbMessage.state == MessageState.in_progress.value)
                 .values(cancel_requested=True)
@@ -334,12 +336,12 @@ class MessageLifecycle:
         if session_id is not None:
             conditions.append(DbMessage.worker_session_id == session_id)
         async with self._sessions() as session:
-            result = await session.execute(
+            result = await session.exec(
                 update(DbMessage)
                 .where(*conditions)
                 .values(state=state.value, finished_at=utcnow(), lease_deadline=None, **values)
             )
-            if result.rowcount != 1:  # type: ignore[attr-defined]
+            if result.rowcount != 1:
                 await session.rollback()
                 return None
             await session.commit()

@@ -295,13 +295,13 @@ class OpenAIService:
             owned = (DbMessage.user_id == message.user_id) & DbMessage.kind.in_(API_KINDS)
             finished = DbMessage.state.in_(_TERMINAL_STATES)
             this_or_old = (DbMessage.id == message.id) | (DbMessage.finished_at < swept_before)
-            await session.execute(
+            await session.exec(
                 update(DbMessage)
                 .where(owned, finished, this_or_old, DbMessage.result_payload.is_not(None))
                 .values(result_payload=null())  # SQL NULL, not JSON null
             )
             if not store:
-                await session.execute(
+                await session.exec(
                     update(DbMessage)
                     .where(
                         owned,

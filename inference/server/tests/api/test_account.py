@@ -40,7 +40,7 @@ async def test_delete_account_anonymises_the_user_and_their_data(client, app, lo
             user.id,
         )
         tokens = (
-            (await session.execute(select(DbRefreshToken).where(DbRefreshToken.user_id == user.id)))
+            (await session.exec(select(DbRefreshToken).where(DbRefreshToken.user_id == user.id)))
             .scalars()
             .all()
         )
@@ -55,7 +55,7 @@ async def test_delete_account_anonymises_the_user_and_their_data(client, app, lo
         assert answer is not None and answer.state == "cancelled"
         from oasst_inference_server.db.models import DbApiKey
 
-        keys = (await session.execute(select(DbApiKey).where(DbApiKey.user_id == user.id))).scalars().all()
+        keys = (await session.exec(select(DbApiKey).where(DbApiKey.user_id == user.id))).scalars().all()
         assert keys and all(k.revoked_at is not None for k in keys)
     # Signing in with the same name starts a new, empty account.
     again = (await client.get("/auth/callback/debug", params={"code": user.name})).json()

@@ -129,7 +129,7 @@ async def test_live_worker_sessions_with_capacity_and_in_flight_work(client, app
 
     async with app.state.session_factory() as db:
         events = (
-            (await db.execute(select(DbWorkerEvent).where(DbWorkerEvent.session_id == session_id)))
+            (await db.exec(select(DbWorkerEvent).where(DbWorkerEvent.session_id == session_id)))
             .scalars()
             .all()
         )

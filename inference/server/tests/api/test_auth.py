@@ -6,11 +6,7 @@ import asyncio
 import base64
 import uuid
 
-import pytest
-from pydantic import ValidationError
-
 from oasst_inference_server.auth.signed_tokens import create_token
-from oasst_inference_server.settings import Settings
 from tests.support.api import API, TRUSTED_KEY, assert_error, trusted_header
 
 pytestmark = API
@@ -73,7 +69,9 @@ async def test_check_needs_a_valid_access_token(client, user, settings):
     assert_error(
         await client.get("/auth/check", headers={"Authorization": f"Bearer {token}"}), 401, "token_expired"
     )
-    forged = create_token(settings.model_copy(update={"auth_secret": "another-secret"}), user.id, "access")
+    forged = create_token(
+        settings.model_copy(update={"auth_secret": "another-secret-of-at-least-32-bytes"}), user.id, "access"
+    )
     assert_error(
         await client.get("/auth/check", headers={"Authorization": f"Bearer {forged}"}), 401, "invalid_token"
     )
@@ -130,7 +128,7 @@ async def test_refresh_failures(client, app, user):
     from oasst_inference_server.db.models import DbRefreshToken, utcnow
 
     async with app.state.session_factory() as session:
-        await session.execute(
+        await session.exec(
             update(DbRefreshToken)
             .where(DbRefreshToken.token_hash == hash_secret(user.refresh_token))
             .values(expires_at=utcnow())
@@ -150,11 +148,7 @@ async def test_refresh_tokens_are_stored_hashed(app, user):
 
     async with app.state.session_factory() as session:
         hashes = (
-            (
-                await session.execute(
-                    select(DbRefreshToken.token_hash).where(DbRefreshToken.user_id == user.id)
-                )
-            )
+            (await session.exec(select(DbRefreshToken.token_hash).where(DbRefreshToken.user_id == user.id)))
             .scalars()
             .all()
         )
@@ -254,33 +248,3 @@ async def test_trusted_header_format_is_the_original_one():
     raw = json.loads(base64.b64decode(trusted_header("u-1", username="n")["TrustedClient"]))
     assert set(raw) == {"api_key", "client", "user_id", "provider_account_id", "username"}
     assert raw["api_key"] == TRUSTED_KEY and raw["user_id"] == "u-1"
-
-
-# ---------------------------------------------------------------- production settings
-
-
-@pytest.mark.parametrize(
-    "override, complaint",
-    [
-        ({"auth_secret": "dev-secret"}, "AUTH_SECRET"),
-        ({"auth_secret": "dev-secret-for-local-development-only"}, "AUTH_SECRET"),  # the default
-        ({"allow_debug_auth": True}, "debug auth"),
-        ({"worker_api_keys": ["dev-worker-key"]}, "WORKER_API_KEYS"),
-        ({"trusted_client_api_keys": ["change-me"]}, "TRUSTED_CLIENT_API_KEYS"),
-        ({"admin_root_token": "short"}, "ADMIN_ROOT_TOKEN"),
-        ({"auth_github_client_id": "id"}, "GITHUB_CLIENT_SECRET"),
-        ({"auth_discord_client_id": "id", "auth_discord_client_secret": "changeme"}, "DISCORD_CLIENT_SECRET"),
-    ],
-)
-def test_production_refuses_placeholder_secrets(override, complaint):
-    good = {
-        "environment": "production",
-        "auth_secret": "x" * 40,
-        "allow_debug_auth": False,
-        "worker_api_keys": ["w" * 40],
-        "trusted_client_api_keys": ["t" * 40],
-        "admin_root_token": "a" * 40,
-    }
-    Settings(_env_file=None, **good)  # type: ignore[call-arg]
-    with pytest.raises(ValidationError, match=complaint):
-        Settings(_env_file=None, **{**good, **override})  # type: ignore[call-arg]

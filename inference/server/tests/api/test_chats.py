@@ -298,7 +298,7 @@ async def test_message_evaluations(client, user, live_model, app):
     async with app.state.session_factory() as session:
         rows = (
             (
-                await session.execute(
+                await session.exec(
                     select(DbMessageEvaluation).where(DbMessageEvaluation.chat_id == conv.chat_id)
                 )
             )

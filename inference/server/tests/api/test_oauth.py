@@ -7,7 +7,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from oasst_inference_server.auth import oauth
-from tests.support.api import API, assert_error, provider_redirect, start_sign_in
+from tests.support.api import API, assert_error, get_with_cookies, provider_redirect, start_sign_in
 
 pytestmark = API
 
@@ -27,8 +27,8 @@ async def test_sign_in_with_a_provider(client, fake_provider, provider, identity
     fake_provider.next_identity = identity
     back, params = await provider_redirect(location)
     assert back.startswith(f"http://testserver/auth/callback/{provider}?") and params["state"] == state
-    callback = await client.get(
-        f"/auth/callback/{provider}", params=params, cookies={oauth.STATE_COOKIE: nonce}
+    callback = await get_with_cookies(
+        client, f"/auth/callback/{provider}", {oauth.STATE_COOKIE: nonce}, params=params
     )
     assert callback.status_code == 200, callback.text
     tokens = callback.json()
@@ -47,7 +47,9 @@ async def test_sign_in_with_a_provider(client, fake_provider, provider, identity
     # Signing in again finds the same user.
     location, _, nonce = await start_sign_in(client, provider)
     _, params = await provider_redirect(location)
-    again = await client.get(f"/auth/callback/{provider}", params=params, cookies={oauth.STATE_COOKIE: nonce})
+    again = await get_with_cookies(
+        client, f"/auth/callback/{provider}", {oauth.STATE_COOKIE: nonce}, params=params
+    )
     again_headers = {"Authorization": f"Bearer {again.json()['access_token']['access_token']}"}
     assert (await client.get("/auth/check", headers=again_headers)).json()["user_id"] == check["user_id"]
 
@@ -60,28 +62,36 @@ async def test_callback_refuses_a_foreign_or_broken_state(client, fake_provider)
     assert_error(await client.get("/auth/callback/github", params=params), 400, "oauth_state_mismatch")
     _, _, other_nonce = await start_sign_in(client, "github")
     assert_error(
-        await client.get("/auth/callback/github", params=params, cookies={oauth.STATE_COOKIE: other_nonce}),
+        await get_with_cookies(
+            client, "/auth/callback/github", {oauth.STATE_COOKIE: other_nonce}, params=params
+        ),
         400,
         "oauth_state_mismatch",
     )
     # A tampered state, or one made for the other provider.
     bad = params | {"state": state[:-2] + "xx"}
     assert_error(
-        await client.get("/auth/callback/github", params=bad, cookies=cookies), 400, "oauth_state_invalid"
+        await get_with_cookies(client, "/auth/callback/github", cookies, params=bad),
+        400,
+        "oauth_state_invalid",
     )
     assert_error(
-        await client.get("/auth/callback/discord", params=params, cookies=cookies), 400, "oauth_state_invalid"
+        await get_with_cookies(client, "/auth/callback/discord", cookies, params=params),
+        400,
+        "oauth_state_invalid",
     )
     # Missing parameters.
-    assert_error(await client.get("/auth/callback/github", params={"state": state}, cookies=cookies), 422)
+    assert_error(
+        await get_with_cookies(client, "/auth/callback/github", cookies, params={"state": state}), 422
+    )
 
 
 async def test_expired_state_is_refused(client, app, fake_provider):
     config = oauth.get_provider(app.state.settings, "github")
     expired = app.state.settings.model_copy(update={"oauth_state_ttl_seconds": -5})
     state, nonce = oauth.new_state(expired, config)
-    response = await client.get(
-        "/auth/callback/github", params={"code": "x", "state": state}, cookies={oauth.STATE_COOKIE: nonce}
+    response = await get_with_cookies(
+        client, "/auth/callback/github", {oauth.STATE_COOKIE: nonce}, params={"code": "x", "state": state}
     )
     assert_error(response, 400, "oauth_state_expired")
 
@@ -91,8 +101,10 @@ async def test_a_code_is_good_once(client, fake_provider, provider):
     location, _, nonce = await start_sign_in(client, provider)
     _, params = await provider_redirect(location)
     cookies = {oauth.STATE_COOKIE: nonce}
-    assert (await client.get(f"/auth/callback/{provider}", params=params, cookies=cookies)).status_code == 200
-    replay = await client.get(f"/auth/callback/{provider}", params=params, cookies=cookies)
+    assert (
+        await get_with_cookies(client, f"/auth/callback/{provider}", cookies, params=params)
+    ).status_code == 200
+    replay = await get_with_cookies(client, f"/auth/callback/{provider}", cookies, params=params)
     assert_error(replay, 400, "oauth_error")
 
 
@@ -102,8 +114,8 @@ async def test_wrong_client_secret_is_reported(client, app, fake_provider):
     original = app.state.settings
     app.state.settings = original.model_copy(update={"auth_discord_client_secret": "not-the-secret-000"})
     try:
-        response = await client.get(
-            "/auth/callback/discord", params=params, cookies={oauth.STATE_COOKIE: nonce}
+        response = await get_with_cookies(
+            client, "/auth/callback/discord", {oauth.STATE_COOKIE: nonce}, params=params
         )
         assert_error(response, 400, "oauth_error")
     finally:
@@ -121,10 +133,11 @@ async def test_unreachable_provider_is_a_502(client, app):
     try:
         config = oauth.get_provider(app.state.settings, "github")
         state, state_cookie_nonce = oauth.new_state(app.state.settings, config)
-        response = await client.get(
+        response = await get_with_cookies(
+            client,
             "/auth/callback/github",
+            {oauth.STATE_COOKIE: state_cookie_nonce},
             params={"code": "c", "state": state},
-            cookies={oauth.STATE_COOKIE: state_cookie_nonce},
         )
         assert_error(response, 502, "oauth_provider_error")
     finally:

@@ -16,7 +16,14 @@ from oasst_inference_server.api.routes.web import CONTENT_SECURITY_POLICY
 from oasst_inference_server.auth import oauth
 from oasst_inference_server.chats.user_settings import MAX_SETTINGS_BYTES
 from oasst_inference_server.db.models import DbUserSettings
-from tests.support.api import API, assert_error, provider_redirect, start_chat, start_sign_in
+from tests.support.api import (
+    API,
+    assert_error,
+    get_with_cookies,
+    provider_redirect,
+    start_chat,
+    start_sign_in,
+)
 
 pytestmark = API
 
@@ -112,7 +119,9 @@ async def test_a_sign_in_started_by_the_page_ends_on_a_page_that_keeps_the_token
     location, nonce = await start_web(client)
     fake_provider.next_identity = {"id": 8080, "login": "page-user"}
     _, params = await provider_redirect(location)
-    response = await client.get("/auth/callback/github", params=params, cookies={oauth.STATE_COOKIE: nonce})
+    response = await get_with_cookies(
+        client, "/auth/callback/github", {oauth.STATE_COOKIE: nonce}, params=params
+    )
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/html")
     assert response.headers["content-security-policy"] == CONTENT_SECURITY_POLICY
@@ -129,7 +138,9 @@ async def test_a_sign_in_started_by_the_page_ends_on_a_page_that_keeps_the_token
     # Without ?web=true the same flow still answers JSON (the text-client and other clients).
     location, _, nonce = await start_sign_in(client, "github")
     _, params = await provider_redirect(location)
-    plain = await client.get("/auth/callback/github", params=params, cookies={oauth.STATE_COOKIE: nonce})
+    plain = await get_with_cookies(
+        client, "/auth/callback/github", {oauth.STATE_COOKIE: nonce}, params=params
+    )
     assert plain.headers["content-type"] == "application/json" and "access_token" in plain.json()
 
 
@@ -137,9 +148,11 @@ async def test_a_failed_page_sign_in_is_shown_on_the_page(client, fake_provider)
     location, nonce = await start_web(client, "discord")
     _, params = await provider_redirect(location)
     cookies = {oauth.STATE_COOKIE: nonce}
-    assert (await client.get("/auth/callback/discord", params=params, cookies=cookies)).status_code == 200
+    assert (
+        await get_with_cookies(client, "/auth/callback/discord", cookies, params=params)
+    ).status_code == 200
     # The provider refuses a code used twice: the page shows why, and no tokens.
-    replay = await client.get("/auth/callback/discord", params=params, cookies=cookies)
+    replay = await get_with_cookies(client, "/auth/callback/discord", cookies, params=params)
     assert replay.status_code == 400 and replay.headers["content-type"].startswith("text/html")
     result = handoff_result(replay.text)
     assert result["tokens"] is None and "refused" in result["error"]

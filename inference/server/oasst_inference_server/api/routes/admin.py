@@ -64,13 +64,13 @@ async def _session_counts(broker: BrokerDep, session: SessionDep) -> dict[str, i
 async def _session_workers(session: SessionDep, session_ids: list[str]) -> dict[str, str | None]:
     if not session_ids:
         return {}
-    rows = await session.execute(
+    rows = await session.exec(
         select(DbWorkerEvent.session_id, DbWorkerEvent.worker_id).where(
             DbWorkerEvent.session_id.in_(session_ids),
             DbWorkerEvent.event_type == "connected",
         )
     )
-    return dict(rows.tuples().all())
+    return dict(rows.all())
 
 
 def _worker_read(worker: DbWorker, sessions: int = 0) -> WorkerRead:
@@ -98,7 +98,7 @@ async def create_worker(body: CreateWorkerRequest, session: SessionDep) -> Worke
 @router.get("/workers", response_model=list[WorkerRead])
 async def list_workers(session: SessionDep, broker: BrokerDep) -> list[WorkerRead]:
     counts = await _session_counts(broker, session)
-    workers = (await session.execute(select(DbWorker).order_by(DbWorker.created_at))).scalars().all()
+    workers = (await session.exec(select(DbWorker).order_by(DbWorker.created_at))).scalars().all()
     return [_worker_read(w, counts.get(w.id, 0)) for w in workers]
 
 
@@ -120,7 +120,7 @@ async def delete_worker(worker_id: str, session: SessionDep, broker: BrokerDep) 
     replica, are closed (their messages are retried elsewhere) and it cannot reconnect."""
     # Find its sockets first: deleting the worker also deletes its connection events.
     live = await _session_workers(session, [r.session_id for r in await broker.list_worker_sessions()])
-    result = await session.execute(delete(DbWorker).where(DbWorker.id == worker_id))
+    result = await session.exec(delete(DbWorker).where(DbWorker.id == worker_id))
     await session.commit()
     if result.rowcount != 1:
         raise not_found("worker")
@@ -138,7 +138,7 @@ async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[W
     worker_ids = {w for w in workers.values() if w is not None}
     names: dict[str, str] = {}
     if worker_ids:
-        rows = await session.execute(select(DbWorker.id, DbWorker.name).where(DbWorker.id.in_(worker_ids)))
+        rows = await session.exec(select(DbWorker.id, DbWorker.name).where(DbWorker.id.in_(worker_ids)))
         names = dict(rows.all())
     out = []
     for record in sorted(records, key=lambda r: (r.model_config_name, r.session_id)):
@@ -190,7 +190,7 @@ async def get_user(user_id: str, session: SessionDep) -> AdminUserRead:
     user = await session.get(DbUser, user_id)
     if user is None:
         raise not_found("user")
-    chats = (await session.execute(select(func.count()).where(DbChat.user_id == user_id))).scalar_one()
+    chats = (await session.exec(select(func.count()).where(DbChat.user_id == user_id))).scalar_one()
     return AdminUserRead(
         id=user.id,
         provider=user.provider,

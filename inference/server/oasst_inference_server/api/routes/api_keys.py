@@ -45,7 +45,7 @@ def to_api_key_read(row: DbApiKey) -> ApiKeyRead:
 async def create_key(body: CreateApiKeyRequest, user: SignedInUser, session: SessionDep) -> ApiKeyCreated:
     """Create a key. The response carries the key itself, once: only its hash is stored."""
     active = (
-        await session.execute(
+        await session.exec(
             select(func.count()).where(DbApiKey.user_id == user.id, DbApiKey.revoked_at.is_(None))
         )
     ).scalar_one()
@@ -59,7 +59,7 @@ async def create_key(body: CreateApiKeyRequest, user: SignedInUser, session: Ses
 async def list_keys(user: SignedInUser, session: SessionDep) -> ListApiKeysResponse:
     """The user's keys, newest first, revoked ones included (their usage stays theirs)."""
     rows = (
-        await session.execute(
+        await session.exec(
             select(DbApiKey).where(DbApiKey.user_id == user.id).order_by(DbApiKey.created_at.desc())
         )
     ).scalars()

@@ -34,7 +34,7 @@ def user_read(user: DbUser) -> UserRead:
 
 async def _get_or_create_user(session: SessionDep, provider: str, account_id: str, name: str) -> DbUser:
     user = (
-        await session.execute(
+        await session.exec(
             select(DbUser).where(DbUser.provider == provider, DbUser.provider_account_id == account_id)
         )
     ).scalar_one_or_none()

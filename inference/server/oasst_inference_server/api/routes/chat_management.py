@@ -44,7 +44,7 @@ _NOT_ASSISTANT: Responses = {400: error("Only assistant messages take this feedb
 @router.post("/hide_all", status_code=204, responses=AUTH)
 async def hide_all_chats(user: CurrentUser, session: SessionDep) -> Response:
     """Hide every chat of the user (they stay readable and are listed with ``include_hidden``)."""
-    await session.execute(
+    await session.exec(
         update(DbChat).where(DbChat.user_id == user.id, DbChat.hidden == False).values(hidden=True)  # noqa: E712
     )
     await session.commit()
@@ -172,7 +172,7 @@ async def evaluate(
         raise ApiError(400, "invalid_evaluation", "a message cannot be inferior to itself")
     siblings = set(
         (
-            await session.execute(
+            await session.exec(
                 select(DbMessage.id).where(
                     DbMessage.chat_id == chat.id,
                     DbMessage.parent_id == selected.parent_id,

@@ -121,7 +121,7 @@ async def create_prompter_message(
     await check_chat_capacity(session, settings, chat.id)
     if body.parent_id is None:
         has_root = (
-            await session.execute(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
+            await session.exec(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
         ).first()
         if has_root:
             raise ApiError(400, "parent_required", "the chat already has messages: give parent_id")

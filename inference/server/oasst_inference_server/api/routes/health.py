@@ -14,7 +14,7 @@ async def health(session: SessionDep, broker: BrokerDep) -> JSONResponse:
     """Liveness and readiness: the database and the broker both answer."""
     checks: dict[str, str] = {}
     try:
-        await session.execute(text("SELECT 1"))
+        await session.exec(text("SELECT 1"))
         checks["database"] = "ok"
     except Exception as exc:  # any driver error means "not ready"
         checks["database"] = f"error: {type(exc).__name__}"

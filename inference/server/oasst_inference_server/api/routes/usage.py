@@ -59,7 +59,7 @@ async def usage(caller: ApiCaller, session: SessionDep) -> UsageRead:
     per_key = {
         key_id: _totals(*sums)
         for key_id, *sums in (
-            await session.execute(
+            await session.exec(
                 select(DbMessage.api_key_id, *_SUMS)
                 .where(DbMessage.user_id == user_id, queued)
                 .group_by(DbMessage.api_key_id)
@@ -67,7 +67,7 @@ async def usage(caller: ApiCaller, session: SessionDep) -> UsageRead:
         ).all()
     }
     chat_row = (
-        await session.execute(
+        await session.exec(
             select(*_SUMS)
             .select_from(DbMessage)
             .join(DbChat, DbChat.id == DbMessage.chat_id)
@@ -76,9 +76,7 @@ async def usage(caller: ApiCaller, session: SessionDep) -> UsageRead:
     ).one()
     without_key = _add(per_key.pop(None, UsageTotals()), _totals(*chat_row))
     keys = (
-        await session.execute(
-            select(DbApiKey).where(DbApiKey.user_id == user_id).order_by(DbApiKey.created_at)
-        )
+        await session.exec(select(DbApiKey).where(DbApiKey.user_id == user_id).order_by(DbApiKey.created_at))
     ).scalars()
     api_keys = [
         ApiKeyUsage(
@@ -124,7 +122,7 @@ async def list_requests(
     query = select(DbMessage).where(DbMessage.user_id == caller.user.id, DbMessage.kind.in_(API_KINDS))
     if api_key_id is not None:
         query = query.where(DbMessage.api_key_id == api_key_id)
-    rows = (await session.execute(query.order_by(DbMessage.created_at.desc()).limit(limit))).scalars()
+    rows = (await session.exec(query.order_by(DbMessage.created_at.desc()).limit(limit))).scalars()
     return ListApiRequestsResponse(requests=[_request_read(m) for m in rows])
 
 
