@@ -5,9 +5,10 @@
 
 ``docs/protocol.md`` comes from the pydantic schemas in ``oasst_shared/oasst_shared/protocol.py``;
 ``docs/configuration.md`` from the settings classes of the server, the worker and the CPU backend.
-Descriptions come from the code (``Field(description=...)``, else the comment above or beside the
-field, else the class docstring); the few the code lacks are in the tables below, and an entry there
-for a field that no longer exists is an error, so the tables cannot rot either.
+Descriptions come from the code (``Field(description=...)``, which the OpenAPI document shows too, else
+the comment above or beside the field, else the class docstring); a field without one is an error. The
+few texts the code cannot hold (frame summaries, close codes, machine-dependent defaults) are in the
+tables below, and an entry there that names nothing that exists is an error, so they cannot rot either.
 """
 
 from __future__ import annotations
@@ -39,87 +40,9 @@ PROTOCOL_DOC = ROOT / "docs" / "protocol.md"
 CONFIGURATION_DOC = ROOT / "docs" / "configuration.md"
 
 
-# ---------------------------------------------------------------- descriptions the code lacks
-# Keys are "Class.field". Prefer Field(description=...) in the code; these fill the gaps.
-
-PROTOCOL_NOTES: dict[str, str] = {
-    "WorkerInfo.model_config": "The model the worker serves; workers are interchangeable when its `name` matches.",
-    "WorkerInfo.max_parallel_requests": "Jobs the worker runs at once; the server sends no more than this.",
-    "WorkerInfo.backend_kind": "Which kind of text-generation backend the worker relays to.",
-    "WorkerInfo.worker_version": "The worker package's version, for the operator.",
-    "WorkerInfo.hardware": "What the worker runs on, for the operator.",
-    "Pong.ping_id": "The `ping_id` of the ping answered.",
-    "Pong.free_slots": "Jobs the worker can take now (0 while draining or while its backend is unhealthy).",
-    "Pong.backend_healthy": "Whether the backend answered its last health check.",
-    "Pong.backend_queue_length": "Requests waiting in the backend, where the backend tells.",
-    "Pong.kv_cache_free_tokens": "Free KV-cache tokens in the backend, where the backend tells.",
-    "Token.message_id": "The message being generated.",
-    "Token.text": "The text of this token (never part of a stop sequence: those are held back).",
-    "Token.token_id": "The backend's token id, where known.",
-    "Token.logprob": "The token's log-probability, where known.",
-    "TokenBatch.tokens": "The tokens, in the order they were generated; they may belong to several messages.",
-    "GeneratedText.message_id": "The message that finished.",
-    "GeneratedText.text": "The whole answer: the concatenation of the streamed token texts.",
-    "GeneratedText.finish_reason": "Why generation stopped; `cancelled` after a `cancel`.",
-    "GeneratedText.generated_tokens": "Tokens generated.",
-    "GeneratedText.prompt_tokens": "Tokens in the rendered prompt, where the backend can count them.",
-    "Embeddings.message_id": "The embedding request that finished.",
-    "Embeddings.embeddings": "One vector per input, in input order.",
-    "Embeddings.prompt_tokens": "Tokens in all inputs together.",
-    "WorkerError.message_id": "The failed job, or null for a problem of the worker itself (logged by the server).",
-    "WorkerError.error": "What went wrong, for the operator and, when final, the user.",
-    "WorkerError.retryable": "True: the server puts the message back in the queue (up to its attempt limit). "
-    "False: the message fails with this error.",
-    "Work.message_id": "The assistant message to generate.",
-    "Work.chat_id": "The chat it belongs to; null for API requests without a chat.",
-    "Work.model_config_name": "The model config the message asked for.",
-    "Work.thread": "The conversation so far, oldest turn first, ending with the user's turn.",
-    "Work.system_prompt": "A system prompt to render before the thread.",
-    "Work.sampling_parameters": "How to sample; `max_new_tokens` is further capped by the model's total length.",
-    "Work.attempt": "1 for the first try; higher when the message is retried after a lost worker or a "
-    "retryable error.",
-    "EmbedWork.message_id": "The embedding request.",
-    "EmbedWork.model_config_name": "The encoder model config the request asked for.",
-    "EmbedWork.inputs": "The texts to embed.",
-    "EmbedWork.attempt": "1 for the first try; higher on a retry.",
-    "Cancel.message_id": "The job to stop: the worker closes its backend stream and answers with "
-    "`generated_text` (finish reason `cancelled`) carrying the text so far.",
-    "Ping.ping_id": "Echoed in the `pong`.",
-    "UpgradeRequired.server_protocol_version": "The newest protocol version the server speaks.",
-    "UpgradeRequired.min_supported_version": "The oldest protocol version the server accepts.",
-    "UpgradeRequired.detail": "What to upgrade, in words.",
-    "ChatTurn.role": "Who said it.",
-    "ChatTurn.content": "What was said.",
-    "Hardware.cpu_count": "CPUs of the worker's machine.",
-    "Hardware.memory_bytes": "Memory of the worker's machine.",
-    "Hardware.gpus": "GPU names.",
-    "ModelConfig.name": "What clients ask for; the key of the work queue.",
-    "ModelConfig.model_id": "What the backend loads (a Hugging Face model id or a file name).",
-    "ModelConfig.kind": "`generation` (chat, completions) or `embedding`.",
-    "ModelConfig.description": "Shown to users choosing a model.",
-    "ModelConfig.max_input_length": "Tokens of the rendered prompt; older turns are dropped to fit.",
-    "ModelConfig.max_total_length": "Tokens of prompt plus answer; caps `max_new_tokens`.",
-    "ModelConfig.quantization": "The weights' quantization, for users and operators.",
-    "ModelConfig.chat_template_source": "Where the chat template comes from: the backend (GGUF metadata, "
-    "`/info`), `chat_template` below, or the built-in ChatML.",
-    "ModelConfig.chat_template": "A Jinja chat template (Hugging Face convention), for `inline`.",
-    "ModelConfig.bos_token": "Passed to the chat template.",
-    "ModelConfig.eos_token": "Passed to the chat template.",
-    "ModelConfig.stop_sequences": "Added to every request's stop sequences.",
-    "ModelConfig.parameter_configs": "Named sampling presets offered to users; the first is the default.",
-    "ParameterConfig.name": "The preset's name.",
-    "ParameterConfig.description": "What the preset is for.",
-    "ParameterConfig.sampling_parameters": "The preset's values.",
-    "SamplingParameters.top_k": "Sample among the k most likely tokens.",
-    "SamplingParameters.top_p": "Nucleus sampling: the smallest set of tokens with this probability mass.",
-    "SamplingParameters.typical_p": "Typical sampling mass.",
-    "SamplingParameters.temperature": "0 means greedy (deterministic) decoding.",
-    "SamplingParameters.repetition_penalty": "Above 1 discourages repeating tokens.",
-    "SamplingParameters.max_new_tokens": "Upper bound on the answer's length.",
-    "SamplingParameters.seed": "For repeatable sampling.",
-    "SamplingParameters.stop": "The answer ends before any of these.",
-    "SamplingParameters.do_sample": "False forces greedy decoding; null leaves it to the other parameters.",
-}
+# ---------------------------------------------------------------- what the code cannot say
+# Field descriptions live on the fields (Field(description=...)); these are the frames' summaries, the
+# close codes and the defaults that depend on the machine.
 
 FRAME_NOTES: dict[str, str] = {
     "Pong": "The answer to a `ping`, with the worker's current capacity. Pongs also extend the leases "
@@ -144,57 +67,6 @@ CLOSE_CODES: dict[str, str] = {
     "outside what the server speaks. The worker exits instead of reconnecting.",
     "CLOSE_UNAUTHORIZED": "Reserved for a refused API key. Today a bad key is refused before the "
     "websocket upgrade, with HTTP 403, and the worker exits.",
-}
-
-SETTINGS_NOTES: dict[str, str] = {
-    "oasst_inference_server.settings:Settings.environment": "`production` refuses to start with "
-    "placeholder secrets or with debug login enabled.",
-    "oasst_inference_server.settings:Settings.host": "Address to listen on.",
-    "oasst_inference_server.settings:Settings.port": "Port to listen on.",
-    "oasst_inference_server.settings:Settings.log_level": "DEBUG, INFO, WARNING or ERROR.",
-    "oasst_inference_server.settings:Settings.database_url": "SQLAlchemy URL: `sqlite+aiosqlite:///path` "
-    "(embedded) or `postgresql+asyncpg://user:password@host:5432/db` (production).",
-    "oasst_inference_server.settings:Settings.database_pool_size": "Database connections per server process.",
-    "oasst_inference_server.settings:Settings.redis_key_prefix": "Prefix of every Redis key, so several "
-    "deployments (or test runs) can share one Redis.",
-    "oasst_inference_server.settings:Settings.stream_maxlen": "Most events kept in one message's stream.",
-    "oasst_inference_server.settings:Settings.access_token_expire_minutes": "Lifetime of an access token.",
-    "oasst_inference_server.settings:Settings.refresh_token_expire_days": "Lifetime of a refresh token.",
-    "oasst_inference_server.settings:Settings.allow_debug_auth": "Allow the debug login (any username, no "
-    "password); the text-client and the web page use it in development.",
-    "oasst_inference_server.settings:Settings.worker_api_keys": "API keys workers may connect with "
-    '(JSON list, e.g. `["key-1","key-2"]`).',
-    "oasst_inference_server.settings:Settings.worker_ping_interval": "Seconds between pings to each worker.",
-    "oasst_inference_server.settings:Settings.worker_ping_timeout": "A worker silent this long is "
-    "disconnected and its messages are retried elsewhere.",
-    "oasst_inference_server.settings:Settings.worker_hello_timeout": "Seconds a new worker connection has "
-    "to send its `worker_info` frame.",
-    "oasst_inference_server.settings:Settings.sse_ping_interval": "Seconds between keep-alive comments on "
-    "idle event streams.",
-    "oasst_inference_server.settings:Settings.pending_update_interval": "Seconds between queue-position "
-    "updates to a reader whose message waits.",
-    "oasst_inference_server.settings:Settings.cors_origins": "Origins allowed to call the API from a "
-    "browser (JSON list); empty: no CORS headers.",
-    "oasst_inference_server.settings:Settings.oauth_state_ttl_seconds": "Seconds an OAuth login may take "
-    "between the redirect to the provider and the callback.",
-    "oasst_inference_server.settings:Settings.auth_github_client_id": "GitHub OAuth app client id; unset "
-    "disables GitHub login.",
-    "oasst_inference_server.settings:Settings.auth_github_client_secret": "GitHub OAuth app client secret.",
-    "oasst_inference_server.settings:Settings.auth_github_authorize_url": "GitHub's authorisation page "
-    "(changed only for tests).",
-    "oasst_inference_server.settings:Settings.auth_github_token_url": "GitHub's token endpoint (changed "
-    "only for tests).",
-    "oasst_inference_server.settings:Settings.auth_github_api_base_url": "GitHub's API (changed only for tests).",
-    "oasst_inference_server.settings:Settings.auth_discord_client_id": "Discord OAuth app client id; unset "
-    "disables Discord login.",
-    "oasst_inference_server.settings:Settings.auth_discord_client_secret": "Discord OAuth app client secret.",
-    "oasst_inference_server.settings:Settings.auth_discord_authorize_url": "Discord's authorisation page "
-    "(changed only for tests).",
-    "oasst_inference_server.settings:Settings.auth_discord_token_url": "Discord's token endpoint (changed "
-    "only for tests).",
-    "oasst_inference_server.settings:Settings.auth_discord_api_base_url": "Discord's API (changed only for "
-    "tests).",
-    "oasst_inference_server.settings:Settings.max_messages_per_chat": "Messages one chat may hold.",
 }
 
 # Defaults computed from the machine: the doc says how, not what this machine gave.
@@ -278,13 +150,10 @@ def field_name(name: str, info: FieldInfo) -> str:
     return info.alias or name
 
 
-def description(cls: type, name: str, info: FieldInfo, notes: dict[str, str], key: str) -> str:
+def description(cls: type, name: str, info: FieldInfo) -> str:
     if info.description:
         return rst_to_markdown(info.description)
-    comment = source_comments(cls).get(name)
-    if comment:
-        return rst_to_markdown(comment)
-    return notes.get(key, "")
+    return rst_to_markdown(source_comments(cls).get(name, ""))
 
 
 # ---------------------------------------------------------------- rendering values and types
@@ -596,7 +465,7 @@ def _field_table(
     for name, info in rows:
         public = field_name(name, info)
         key = f"{model.__name__}.{public}"
-        text = description(model, name, info, PROTOCOL_NOTES, key)
+        text = description(model, name, info)
         default = render_default(info, key)
         w(
             f"| `{public}` | {cell(render_type(info.annotation, link, aliases))} | {cell(default)} | "
@@ -662,7 +531,7 @@ def render_configuration() -> str:
         names = env_names(cls)
         for name, info in cls.model_fields.items():
             key = f"{component.key}.{name}"
-            text = description(cls, name, info, SETTINGS_NOTES, key)
+            text = description(cls, name, info)
             w(
                 f"| `{names[name]}` | {cell(render_type(info.annotation, lambda m: m.__name__, {}))} | "
                 f"{cell(render_default(info, key))} | {cell(render_constraints(info))} | {cell(text)} |"
@@ -678,15 +547,12 @@ def problems() -> list[str]:
     p = importlib.import_module("oasst_shared.protocol")
     frames = _union_members(p.WorkerFrame) + _union_members(p.ServerFrame)
     models = frames + [m for m in _nested_models(frames) if m not in frames]
-    protocol_keys: set[str] = set()
     for model in models:
         if model in frames and not (class_doc(model) or FRAME_NOTES.get(model.__name__)):
             found.append(f"frame {model.__name__} has no docstring (or FRAME_NOTES entry)")
         for name, info in model.model_fields.items():
-            key = f"{model.__name__}.{field_name(name, info)}"
-            protocol_keys.add(key)
-            if name != "type" and not description(model, name, info, PROTOCOL_NOTES, key):
-                found.append(f"protocol field {key} has no description")
+            if name != "type" and not description(model, name, info):
+                found.append(f"protocol field {model.__name__}.{field_name(name, info)} has no description")
     close_constants = {n for n in vars(p) if n.startswith("CLOSE_")}
     found += [f"close code {n} has no CLOSE_CODES entry" for n in sorted(close_constants - set(CLOSE_CODES))]
     settings_keys: set[str] = set()
@@ -696,13 +562,11 @@ def problems() -> list[str]:
         for name, info in cls.model_fields.items():
             key = f"{component.key}.{name}"
             settings_keys.add(key)
-            if not description(cls, name, info, SETTINGS_NOTES, key):
+            if not description(cls, name, info):
                 found.append(f"setting {names[name]} has no description ({component.module}.{name})")
     for table, notes, known in (
-        ("PROTOCOL_NOTES", PROTOCOL_NOTES, protocol_keys),
         ("FRAME_NOTES", FRAME_NOTES, {f.__name__ for f in frames}),
         ("CLOSE_CODES", CLOSE_CODES, close_constants),
-        ("SETTINGS_NOTES", SETTINGS_NOTES, settings_keys),
         ("MACHINE_DEFAULTS", MACHINE_DEFAULTS, settings_keys),
     ):
         found += [f"{table}[{k!r}] names nothing that exists: remove it" for k in sorted(set(notes) - known)]

@@ -16,9 +16,11 @@ ModelKind = Literal["generation", "embedding"]
 class ParameterConfig(BaseModel):
     """A named sampling preset offered to users of a model (the web frontend shows them)."""
 
-    name: str
-    description: str = ""
-    sampling_parameters: SamplingParameters = Field(default_factory=SamplingParameters)
+    name: str = Field(description="The preset's name.")
+    description: str = Field("", description="What the preset is for.")
+    sampling_parameters: SamplingParameters = Field(
+        default_factory=SamplingParameters, description="The preset's values."
+    )
 
 
 class ModelConfig(BaseModel):
@@ -30,19 +32,41 @@ class ModelConfig(BaseModel):
 
     model_config = ConfigDict(protected_namespaces=())
 
-    name: str = Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.:/@+-]+$")
-    model_id: str = Field(min_length=1)
-    kind: ModelKind = "generation"
-    description: str = ""
-    max_input_length: int = Field(default=1536, ge=16)
-    max_total_length: int = Field(default=2048, ge=32)
-    quantization: Quantization = "none"
-    chat_template_source: ChatTemplateSource = "backend"
-    chat_template: str | None = None
-    bos_token: str = ""
-    eos_token: str = ""
-    stop_sequences: list[str] = Field(default_factory=list)
-    parameter_configs: list[ParameterConfig] = Field(default_factory=list)
+    name: str = Field(
+        min_length=1,
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.:/@+-]+$",
+        description="What clients ask for; the key of the work queue.",
+    )
+    model_id: str = Field(
+        min_length=1, description="What the backend loads (a Hugging Face model id or a file name)."
+    )
+    kind: ModelKind = Field("generation", description="`generation` (chat, completions) or `embedding`.")
+    description: str = Field("", description="Shown to users choosing a model.")
+    max_input_length: int = Field(
+        default=1536, ge=16, description="Tokens of the rendered prompt; older turns are dropped to fit."
+    )
+    max_total_length: int = Field(
+        default=2048, ge=32, description="Tokens of prompt plus answer; caps `max_new_tokens`."
+    )
+    quantization: Quantization = Field(
+        "none", description="The weights' quantization, for users and operators."
+    )
+    chat_template_source: ChatTemplateSource = Field(
+        "backend",
+        description="Where the chat template comes from: the backend (GGUF metadata, `/info`), `chat_template` below, or the built-in ChatML.",
+    )
+    chat_template: str | None = Field(
+        None, description="A Jinja chat template (Hugging Face convention), for `inline`."
+    )
+    bos_token: str = Field("", description="Passed to the chat template.")
+    eos_token: str = Field("", description="Passed to the chat template.")
+    stop_sequences: list[str] = Field(
+        default_factory=list, description="Added to every request's stop sequences."
+    )
+    parameter_configs: list[ParameterConfig] = Field(
+        default_factory=list, description="Named sampling presets offered to users; the first is the default."
+    )
 
     @model_validator(mode="after")
     def _check_lengths_and_template(self) -> ModelConfig:

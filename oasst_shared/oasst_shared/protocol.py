@@ -54,16 +54,16 @@ class _Frame(BaseModel):
 class Hardware(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    cpu_count: int | None = None
-    memory_bytes: int | None = None
-    gpus: list[str] = Field(default_factory=list)
+    cpu_count: int | None = Field(None, description="CPUs of the worker's machine.")
+    memory_bytes: int | None = Field(None, description="Memory of the worker's machine.")
+    gpus: list[str] = Field(default_factory=list, description="GPU names.")
 
 
 class ChatTurn(BaseModel):
     """One turn of the conversation a worker renders into a prompt."""
 
-    role: Role
-    content: str
+    role: Role = Field(description="Who said it.")
+    content: str = Field(description="What was said.")
 
 
 # ---------------------------------------------------------------- worker -> server
@@ -73,30 +73,47 @@ class WorkerInfo(_Frame):
     """The worker's first frame: what it serves and how much at once."""
 
     type: Literal["worker_info"] = "worker_info"
-    model_config_: ModelConfig = Field(alias="model_config")
-    max_parallel_requests: int = Field(ge=1, le=1024)
-    backend_kind: BackendKind
-    worker_version: str = "unknown"
-    hardware: Hardware = Field(default_factory=Hardware)
+    model_config_: ModelConfig = Field(
+        alias="model_config",
+        description="The model the worker serves; workers are interchangeable when its `name` matches.",
+    )
+    max_parallel_requests: int = Field(
+        ge=1, le=1024, description="Jobs the worker runs at once; the server sends no more than this."
+    )
+    backend_kind: BackendKind = Field(
+        description="Which kind of text-generation backend the worker relays to."
+    )
+    worker_version: str = Field("unknown", description="The worker package's version, for the operator.")
+    hardware: Hardware = Field(
+        default_factory=Hardware, description="What the worker runs on, for the operator."
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
 
 
 class Pong(_Frame):
     type: Literal["pong"] = "pong"
-    ping_id: str
-    free_slots: int = Field(ge=0)
-    backend_healthy: bool = True
-    backend_queue_length: int | None = None
-    kv_cache_free_tokens: int | None = None
+    ping_id: str = Field(description="The `ping_id` of the ping answered.")
+    free_slots: int = Field(
+        ge=0, description="Jobs the worker can take now (0 while draining or while its backend is unhealthy)."
+    )
+    backend_healthy: bool = Field(True, description="Whether the backend answered its last health check.")
+    backend_queue_length: int | None = Field(
+        None, description="Requests waiting in the backend, where the backend tells."
+    )
+    kv_cache_free_tokens: int | None = Field(
+        None, description="Free KV-cache tokens in the backend, where the backend tells."
+    )
 
 
 class Token(_Frame):
     type: Literal["token"] = "token"
-    message_id: str
-    text: str
-    token_id: int | None = None
-    logprob: float | None = None
+    message_id: str = Field(description="The message being generated.")
+    text: str = Field(
+        description="The text of this token (never part of a stop sequence: those are held back)."
+    )
+    token_id: int | None = Field(None, description="The backend's token id, where known.")
+    logprob: float | None = Field(None, description="The token's log-probability, where known.")
 
 
 class TokenBatch(_Frame):
@@ -107,34 +124,44 @@ class TokenBatch(_Frame):
     """
 
     type: Literal["token_batch"] = "token_batch"
-    tokens: list[Token] = Field(min_length=1)
+    tokens: list[Token] = Field(
+        min_length=1,
+        description="The tokens, in the order they were generated; they may belong to several messages.",
+    )
 
 
 class GeneratedText(_Frame):
     type: Literal["generated_text"] = "generated_text"
-    message_id: str
-    text: str
-    finish_reason: FinishReason
-    generated_tokens: int = Field(ge=0)
-    prompt_tokens: int | None = Field(default=None, ge=0)
+    message_id: str = Field(description="The message that finished.")
+    text: str = Field(description="The whole answer: the concatenation of the streamed token texts.")
+    finish_reason: FinishReason = Field(description="Why generation stopped; `cancelled` after a `cancel`.")
+    generated_tokens: int = Field(ge=0, description="Tokens generated.")
+    prompt_tokens: int | None = Field(
+        default=None, ge=0, description="Tokens in the rendered prompt, where the backend can count them."
+    )
 
 
 class Embeddings(_Frame):
     """The result of an :class:`EmbedWork`: one vector per input, in input order."""
 
     type: Literal["embeddings"] = "embeddings"
-    message_id: str
-    embeddings: list[list[float]] = Field(min_length=1)
-    prompt_tokens: int = Field(ge=0)
+    message_id: str = Field(description="The embedding request that finished.")
+    embeddings: list[list[float]] = Field(min_length=1, description="One vector per input, in input order.")
+    prompt_tokens: int = Field(ge=0, description="Tokens in all inputs together.")
 
 
 class WorkerError(_Frame):
     """A job failed at the worker. ``retryable`` tells the server another worker may succeed."""
 
     type: Literal["error"] = "error"
-    message_id: str | None = None
-    error: str
-    retryable: bool = False
+    message_id: str | None = Field(
+        None, description="The failed job, or null for a problem of the worker itself (logged by the server)."
+    )
+    error: str = Field(description="What went wrong, for the operator and, when final, the user.")
+    retryable: bool = Field(
+        False,
+        description="True: the server puts the message back in the queue (up to its attempt limit). False: the message fails with this error.",
+    )
 
 
 class Drain(_Frame):
@@ -155,44 +182,57 @@ class Work(_Frame):
     """Generate one assistant message for this conversation."""
 
     type: Literal["work"] = "work"
-    message_id: str
-    chat_id: str | None = None
-    model_config_name: str
-    thread: list[ChatTurn] = Field(min_length=1)
-    system_prompt: str | None = None
-    sampling_parameters: SamplingParameters = Field(default_factory=SamplingParameters)
+    message_id: str = Field(description="The assistant message to generate.")
+    chat_id: str | None = Field(
+        None, description="The chat it belongs to; null for API requests without a chat."
+    )
+    model_config_name: str = Field(description="The model config the message asked for.")
+    thread: list[ChatTurn] = Field(
+        min_length=1, description="The conversation so far, oldest turn first, ending with the user's turn."
+    )
+    system_prompt: str | None = Field(None, description="A system prompt to render before the thread.")
+    sampling_parameters: SamplingParameters = Field(
+        default_factory=SamplingParameters,
+        description="How to sample; `max_new_tokens` is further capped by the model's total length.",
+    )
     # A raw prompt bypasses chat-template rendering (the /v1/completions path).
     raw_prompt: str | None = None
-    attempt: int = Field(default=1, ge=1)
+    attempt: int = Field(
+        default=1,
+        ge=1,
+        description="1 for the first try; higher when the message is retried after a lost worker or a retryable error.",
+    )
 
 
 class EmbedWork(_Frame):
     """Embed each input with the worker's encoder model (workers whose model kind is ``embedding``)."""
 
     type: Literal["embed"] = "embed"
-    message_id: str
-    model_config_name: str
-    inputs: list[str] = Field(min_length=1, max_length=2048)
-    attempt: int = Field(default=1, ge=1)
+    message_id: str = Field(description="The embedding request.")
+    model_config_name: str = Field(description="The encoder model config the request asked for.")
+    inputs: list[str] = Field(min_length=1, max_length=2048, description="The texts to embed.")
+    attempt: int = Field(default=1, ge=1, description="1 for the first try; higher on a retry.")
 
 
 class Cancel(_Frame):
     type: Literal["cancel"] = "cancel"
-    message_id: str
+    message_id: str = Field(
+        description="The job to stop: the worker closes its backend stream and answers with `generated_text` (finish reason `cancelled`) carrying the text so far."
+    )
 
 
 class Ping(_Frame):
     type: Literal["ping"] = "ping"
-    ping_id: str
+    ping_id: str = Field(description="Echoed in the `pong`.")
 
 
 class UpgradeRequired(_Frame):
     """Sent before closing a worker whose protocol version the server no longer speaks."""
 
     type: Literal["upgrade_required"] = "upgrade_required"
-    server_protocol_version: int
-    min_supported_version: int
-    detail: str
+    server_protocol_version: int = Field(description="The newest protocol version the server speaks.")
+    min_supported_version: int = Field(description="The oldest protocol version the server accepts.")
+    detail: str = Field(description="What to upgrade, in words.")
 
 
 ServerFrame = Annotated[Work | EmbedWork | Cancel | Ping | UpgradeRequired, Field(discriminator="type")]

@@ -16,15 +16,32 @@ class SamplingParameters(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    top_k: int | None = Field(default=None, gt=0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    typical_p: float | None = Field(default=None, gt=0.0, le=1.0)
-    temperature: float | None = Field(default=None, ge=0.0, le=100.0)
-    repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
-    max_new_tokens: int = Field(default=1024, ge=1, le=65536)
-    seed: int | None = Field(default=None, ge=0, le=2**64 - 1)
-    stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
-    do_sample: bool | None = None
+    top_k: int | None = Field(default=None, gt=0, description="Sample among the k most likely tokens.")
+    top_p: float | None = Field(
+        default=None,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling: the smallest set of tokens with this probability mass.",
+    )
+    typical_p: float | None = Field(default=None, gt=0.0, le=1.0, description="Typical sampling mass.")
+    temperature: float | None = Field(
+        default=None, ge=0.0, le=100.0, description="0 means greedy (deterministic) decoding."
+    )
+    repetition_penalty: float | None = Field(
+        default=None, gt=0.0, le=100.0, description="Above 1 discourages repeating tokens."
+    )
+    max_new_tokens: int = Field(
+        default=1024, ge=1, le=65536, description="Upper bound on the answer's length."
+    )
+    seed: int | None = Field(default=None, ge=0, le=2**64 - 1, description="For repeatable sampling.")
+    stop: list[str] = Field(
+        default_factory=list,
+        max_length=MAX_STOP_SEQUENCES,
+        description="The answer ends before any of these.",
+    )
+    do_sample: bool | None = Field(
+        None, description="False forces greedy decoding; null leaves it to the other parameters."
+    )
 
     @field_validator("stop")
     @classmethod

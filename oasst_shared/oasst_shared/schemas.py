@@ -173,7 +173,7 @@ StreamEvent = Annotated[
 TERMINAL_EVENT_TYPES = frozenset({"message", "error"})
 
 
-# ---------------------------------------------------------------- API keys and usage (issue 5)
+# ---------------------------------------------------------------- API keys and usage
 
 
 class CreateApiKeyRequest(_Request):
@@ -243,7 +243,7 @@ class ListApiRequestsResponse(BaseModel):
     requests: list[ApiRequestRead]
 
 
-# ---------------------------------------------------------------- chat management, auth, admin (issue 3)
+# ---------------------------------------------------------------- chat management, auth, admin
 
 
 class ChatUpdateRequest(_Request):

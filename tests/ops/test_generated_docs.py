@@ -86,7 +86,7 @@ def test_an_undescribed_setting_and_an_orphaned_note_are_reported(monkeypatch):
         mystery: int = 1
 
     monkeypatch.setattr(settings, "WorkerSettings", Changed)
-    monkeypatch.setitem(gen_docs.SETTINGS_NOTES, "oasst_worker.settings:WorkerSettings.gone", "old")
+    monkeypatch.setitem(gen_docs.MACHINE_DEFAULTS, "oasst_worker.settings:WorkerSettings.gone", "old")
     found = gen_docs.problems()
     assert any("OASST_WORKER_MYSTERY" in p for p in found)
     assert any("WorkerSettings.gone" in p for p in found)

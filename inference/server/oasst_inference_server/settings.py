@@ -20,10 +20,13 @@ class Settings(BaseSettings):
         env_prefix="OASST_SERVER_", env_file=".env", env_ignore_empty=True, extra="ignore"
     )
 
-    environment: Literal["development", "production"] = "development"
-    host: str = "127.0.0.1"
-    port: int = Field(default=8000, ge=1, le=65535)
-    log_level: str = "INFO"
+    environment: Literal["development", "production"] = Field(
+        "development",
+        description="`production` refuses to start with placeholder secrets or with debug login enabled.",
+    )
+    host: str = Field("127.0.0.1", description="Address to listen on.")
+    port: int = Field(default=8000, ge=1, le=65535, description="Port to listen on.")
+    log_level: str = Field("INFO", description="DEBUG, INFO, WARNING or ERROR.")
     processes: int = Field(
         default=1,
         ge=1,
@@ -31,28 +34,52 @@ class Settings(BaseSettings):
         description="Server processes sharing the port (uvicorn workers); more than one needs Redis and Postgres",
     )
 
-    database_url: str = "sqlite+aiosqlite:///./.data/oasst-inference.db"
-    database_pool_size: int = Field(default=20, ge=1)
+    database_url: str = Field(
+        "sqlite+aiosqlite:///./.data/oasst-inference.db",
+        description="SQLAlchemy URL: `sqlite+aiosqlite:///path` (embedded) or `postgresql+asyncpg://user:password@host:5432/db` (production).",
+    )
+    database_pool_size: int = Field(default=20, ge=1, description="Database connections per server process.")
     # None or "memory://" runs the in-process broker (a single server process only).
     broker_url: str | None = None
-    redis_key_prefix: str = "oasst:"
+    redis_key_prefix: str = Field(
+        "oasst:",
+        description="Prefix of every Redis key, so several deployments (or test runs) can share one Redis.",
+    )
     redis_max_connections: int = Field(
         default=4096,
         ge=16,
         description="Redis connection pool size: every streaming reader and worker holds one while it waits",
     )
     stream_ttl_seconds: float = Field(default=600.0, gt=0, description="Kept after a message ends")
-    stream_maxlen: int = Field(default=20_000, ge=100)
+    stream_maxlen: int = Field(
+        default=20_000, ge=100, description="Most events kept in one message's stream."
+    )
 
     auth_secret: str = Field(default=DEV_AUTH_SECRET, description="Signs access and refresh tokens")
-    access_token_expire_minutes: int = Field(default=60, ge=1, description="Short-lived: refresh them")
-    refresh_token_expire_days: int = Field(default=30, ge=1)
-    allow_debug_auth: bool = True
+    access_token_expire_minutes: int = Field(
+        default=60, ge=1, description="Lifetime of an access token (short-lived: clients refresh them)."
+    )
+    refresh_token_expire_days: int = Field(default=30, ge=1, description="Lifetime of a refresh token.")
+    allow_debug_auth: bool = Field(
+        True,
+        description="Allow the debug login (any username, no password); the text-client and the web page use it in development.",
+    )
 
-    worker_api_keys: list[str] = Field(default_factory=lambda: ["dev-worker-key"])
-    worker_ping_interval: float = Field(default=5.0, gt=0)
-    worker_ping_timeout: float = Field(default=15.0, gt=0)
-    worker_hello_timeout: float = Field(default=10.0, gt=0)
+    worker_api_keys: list[str] = Field(
+        default_factory=lambda: ["dev-worker-key"],
+        description='API keys workers may connect with (JSON list, e.g. `["key-1","key-2"]`).',
+    )
+    worker_ping_interval: float = Field(
+        default=5.0, gt=0, description="Seconds between pings to each worker."
+    )
+    worker_ping_timeout: float = Field(
+        default=15.0,
+        gt=0,
+        description="A worker silent this long is disconnected and its messages are retried elsewhere.",
+    )
+    worker_hello_timeout: float = Field(
+        default=10.0, gt=0, description="Seconds a new worker connection has to send its `worker_info` frame."
+    )
     lease_seconds: float = Field(default=30.0, gt=0, description="Extended by every token and pong")
     max_attempts: int = Field(default=3, ge=1, description="Tries per message before it fails")
 
@@ -64,11 +91,20 @@ class Settings(BaseSettings):
         description="A pending message fails after this long with no worker for its model",
     )
 
-    sse_ping_interval: float = Field(default=15.0, gt=0)
-    pending_update_interval: float = Field(default=1.0, gt=0)
-    cors_origins: list[str] = Field(default_factory=list)
+    sse_ping_interval: float = Field(
+        default=15.0, gt=0, description="Seconds between keep-alive comments on idle event streams."
+    )
+    pending_update_interval: float = Field(
+        default=1.0,
+        gt=0,
+        description="Seconds between queue-position updates to a reader whose message waits.",
+    )
+    cors_origins: list[str] = Field(
+        default_factory=list,
+        description="Origins allowed to call the API from a browser (JSON list); empty: no CORS headers.",
+    )
 
-    # ------------------------------------------------------------ database start-up (issue 3)
+    # ------------------------------------------------------------ database start-up
     database_startup_timeout: float = Field(
         default=60.0, ge=0, description="Seconds to keep retrying while the database comes up"
     )
@@ -79,30 +115,54 @@ class Settings(BaseSettings):
     trusted_client_api_keys: list[str] = Field(default_factory=list)
     # Public base URL of this server, used to build OAuth callback URLs (``{api_root}/auth/callback/github``).
     api_root: str = "http://127.0.0.1:8000"
-    oauth_state_ttl_seconds: int = Field(default=600, ge=30)
-    auth_github_client_id: str | None = None
-    auth_github_client_secret: str | None = None
-    auth_github_authorize_url: str = "https://github.com/login/oauth/authorize"
-    auth_github_token_url: str = "https://github.com/login/oauth/access_token"
-    auth_github_api_base_url: str = "https://api.github.com/"
-    auth_discord_client_id: str | None = None
-    auth_discord_client_secret: str | None = None
-    auth_discord_authorize_url: str = "https://discord.com/api/oauth2/authorize"
-    auth_discord_token_url: str = "https://discord.com/api/oauth2/token"
-    auth_discord_api_base_url: str = "https://discord.com/api/"
+    oauth_state_ttl_seconds: int = Field(
+        default=600,
+        ge=30,
+        description="Seconds an OAuth login may take between the redirect to the provider and the callback.",
+    )
+    auth_github_client_id: str | None = Field(
+        None, description="GitHub OAuth app client id; unset disables GitHub login."
+    )
+    auth_github_client_secret: str | None = Field(None, description="GitHub OAuth app client secret.")
+    auth_github_authorize_url: str = Field(
+        "https://github.com/login/oauth/authorize",
+        description="GitHub's authorisation page (changed only for tests).",
+    )
+    auth_github_token_url: str = Field(
+        "https://github.com/login/oauth/access_token",
+        description="GitHub's token endpoint (changed only for tests).",
+    )
+    auth_github_api_base_url: str = Field(
+        "https://api.github.com/", description="GitHub's API (changed only for tests)."
+    )
+    auth_discord_client_id: str | None = Field(
+        None, description="Discord OAuth app client id; unset disables Discord login."
+    )
+    auth_discord_client_secret: str | None = Field(None, description="Discord OAuth app client secret.")
+    auth_discord_authorize_url: str = Field(
+        "https://discord.com/api/oauth2/authorize",
+        description="Discord's authorisation page (changed only for tests).",
+    )
+    auth_discord_token_url: str = Field(
+        "https://discord.com/api/oauth2/token",
+        description="Discord's token endpoint (changed only for tests).",
+    )
+    auth_discord_api_base_url: str = Field(
+        "https://discord.com/api/", description="Discord's API (changed only for tests)."
+    )
 
     # ------------------------------------------------------------ admin API
     # ``Authorization: Bearer <root token>`` on /admin/...; None disables the admin API.
     admin_root_token: str | None = None
 
     # ------------------------------------------------------------ chat limits
-    max_messages_per_chat: int = Field(default=500, ge=2)
+    max_messages_per_chat: int = Field(default=500, ge=2, description="Messages one chat may hold.")
     max_message_length: int = Field(default=16_000, ge=1, description="Characters per prompter message")
     max_queue_size: int = Field(
         default=200, ge=1, description="Pending messages per model before new ones get a 503"
     )
 
-    # ------------------------------------------------------------ per-user limits and the OpenAI API (issue 5)
+    # ------------------------------------------------------------ per-user limits and the OpenAI API
     # Counted in the database, so they hold across replicas; 0 turns a limit off.
     rate_limit_per_minute: int = Field(
         default=60,

@@ -6,7 +6,7 @@ Two implementations pass one contract test suite (``tests/broker``):
 * :class:`~oasst_inference_server.broker.memory.InMemoryBroker` for the embedded default (one server
   process only).
 
-The broker holds only what can be rebuilt from the database (DESIGN invariant 1):
+The broker holds only what can be rebuilt from the database (rule 1 of docs/architecture.md, "the database is the truth"):
 
 * **work queues**, one per model config: entries are *hints* naming a pending message; the claim itself
   is an atomic database update, so a duplicate or stale hint is harmless;

@@ -87,7 +87,7 @@ class DbMessage(SQLModel, table=True):
     score: int = 0
 
 
-# ---------------------------------------------------------------- auth, feedback and workers (issue 3)
+# ---------------------------------------------------------------- auth, feedback and workers
 
 
 class DbRefreshToken(SQLModel, table=True):
@@ -159,7 +159,7 @@ class DbWorkerEvent(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
 
 
-# ---------------------------------------------------------------- API keys (issue 5)
+# ---------------------------------------------------------------- API keys
 
 
 class DbApiKey(SQLModel, table=True):
@@ -180,7 +180,7 @@ class DbApiKey(SQLModel, table=True):
     revoked_at: datetime | None = None
 
 
-# ---------------------------------------------------------------- per-user settings (issue 16)
+# ---------------------------------------------------------------- per-user settings
 
 
 class DbUserSettings(SQLModel, table=True):

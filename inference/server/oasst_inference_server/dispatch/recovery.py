@@ -1,4 +1,4 @@
-"""The recovery loop: the periodic repairs that keep DESIGN's invariants true after any fault.
+"""The recovery loop: the periodic repairs that keep the rules of docs/architecture.md true after a fault.
 
 It runs on one replica at a time (a broker lock) every ``recovery_interval`` seconds and:
 
@@ -18,8 +18,8 @@ import uuid
 from datetime import timedelta
 
 from loguru import logger
-from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.broker import Broker
@@ -77,7 +77,7 @@ class RecoveryLoop:
         now = utcnow()
         async with self._sessions() as session:
             expired = (
-                await session.execute(
+                await session.exec(
                     select(DbMessage.id, DbMessage.worker_session_id).where(
                         DbMessage.state == MessageState.in_progress.value,
                         DbMessage.lease_deadline < now,
@@ -100,7 +100,7 @@ class RecoveryLoop:
         grace = utcnow() - timedelta(seconds=self._settings.requeue_grace)
         async with self._sessions() as session:
             pending = (
-                await session.execute(
+                await session.exec(
                     select(DbMessage.id, DbMessage.model_config_name)
                     .where(
                         DbMessage.state == MessageState.pending.value,
@@ -127,7 +127,7 @@ class RecoveryLoop:
         cutoff = utcnow() - timedelta(seconds=self._settings.no_worker_timeout)
         async with self._sessions() as session:
             waiting = (
-                await session.execute(
+                await session.exec(
                     select(DbMessage.id, DbMessage.model_config_name).where(
                         DbMessage.state == MessageState.pending.value,
                         DbMessage.enqueued_at < cutoff,
