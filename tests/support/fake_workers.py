@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 
 from oasst_shared.model_configs import ModelConfig
-from tests.support.processes import ManagedProcess, free_port, spawn, wait_for_model, wait_http_ok
+from tests.support.processes import ManagedProcess, free_port, spawn, wait_for_model, wait_started
 from tests.support.stacks import Stack
 
 # Server settings that detect lost workers and expired leases in seconds rather than minutes.
@@ -41,11 +41,7 @@ def start_fake_backend(log_dir: Path, port: int | None = None) -> FakeBackend:
     script = str(Path(__file__).parent / "fake_backend.py")
     process = spawn("fake-backend", [sys.executable, script, str(port)], {}, log_dir)
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(f"{url}/health", process, timeout=30)
-    except BaseException:
-        process.stop()
-        raise
+    wait_started(f"{url}/health", process, timeout=30)
     return FakeBackend(url, process)
 
 

@@ -85,6 +85,15 @@ def wait_http_ok(url: str, process: ManagedProcess, timeout: float = 90) -> None
     raise RuntimeError(f"{process.name} did not become healthy at {url}:\n{process.log_tail()}")
 
 
+def wait_started(url: str, process: ManagedProcess, timeout: float = 90) -> None:
+    """:func:`wait_http_ok`, stopping the process when it never answers."""
+    try:
+        wait_http_ok(url, process, timeout)
+    except BaseException:
+        process.stop()
+        raise
+
+
 def wait_for_model(server_url: str, model: str, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

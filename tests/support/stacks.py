@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.support.processes import ManagedProcess, free_port, start_process, wait_for_model, wait_http_ok
+from tests.support.processes import (
+    ManagedProcess,
+    free_port,
+    start_process,
+    wait_for_model,
+    wait_http_ok,
+    wait_started,
+)
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 WORKER_API_KEY = "test-worker-key"
@@ -29,11 +36,7 @@ def start_cpu_backend(log_dir: Path) -> BackendProcess:
         log_dir,
     )
     url = f"http://127.0.0.1:{port}"
-    try:
-        wait_http_ok(f"{url}/health", process, timeout=120)
-    except BaseException:
-        process.stop()
-        raise
+    wait_started(f"{url}/health", process, timeout=120)
     return BackendProcess(url, process)
 
 

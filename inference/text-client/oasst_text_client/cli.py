@@ -142,17 +142,7 @@ def parse_args(argv: Sequence[str] | None = None, env: Mapping[str, str] | None 
         parser.error(f"--server-url must start with http:// or https:// (got {args.server_url!r})")
 
     overrides: dict[str, object] = {
-        name: getattr(args, name)
-        for name in (
-            "temperature",
-            "top_p",
-            "top_k",
-            "typical_p",
-            "repetition_penalty",
-            "max_new_tokens",
-            "seed",
-        )
-        if getattr(args, name) is not None
+        name: getattr(args, name) for name in _SCALAR_SAMPLING_FIELDS if getattr(args, name) is not None
     }
     if args.stop:
         overrides["stop"] = list(args.stop)

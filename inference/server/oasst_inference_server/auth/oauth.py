@@ -55,35 +55,34 @@ class OAuthProvider:
         return self.api_base_url.rstrip("/") + "/" + self.userinfo_path
 
 
+# What differs between the providers besides their settings: scope, user endpoint and its fields.
+_PROVIDER_DETAILS: dict[str, dict[str, str]] = {
+    "github": {"scope": "read:user", "userinfo_path": "user", "id_field": "id", "name_field": "login"},
+    "discord": {
+        "scope": "identify",
+        "userinfo_path": "users/@me",
+        "id_field": "id",
+        "name_field": "username",
+    },
+}
+
+
 def configured_providers(settings: Settings) -> dict[str, OAuthProvider]:
-    """The providers with a client id and secret in the settings."""
+    """The providers with a client id and secret in the settings (``auth_<name>_...``)."""
     providers: dict[str, OAuthProvider] = {}
-    if settings.auth_github_client_id and settings.auth_github_client_secret:
-        providers["github"] = OAuthProvider(
-            name="github",
-            client_id=settings.auth_github_client_id,
-            client_secret=settings.auth_github_client_secret,
-            authorize_url=settings.auth_github_authorize_url,
-            token_url=settings.auth_github_token_url,
-            api_base_url=settings.auth_github_api_base_url,
-            scope="read:user",
-            userinfo_path="user",
-            id_field="id",
-            name_field="login",
-        )
-    if settings.auth_discord_client_id and settings.auth_discord_client_secret:
-        providers["discord"] = OAuthProvider(
-            name="discord",
-            client_id=settings.auth_discord_client_id,
-            client_secret=settings.auth_discord_client_secret,
-            authorize_url=settings.auth_discord_authorize_url,
-            token_url=settings.auth_discord_token_url,
-            api_base_url=settings.auth_discord_api_base_url,
-            scope="identify",
-            userinfo_path="users/@me",
-            id_field="id",
-            name_field="username",
-        )
+    for name, details in _PROVIDER_DETAILS.items():
+        client_id = getattr(settings, f"auth_{name}_client_id")
+        client_secret = getattr(settings, f"auth_{name}_client_secret")
+        if client_id and client_secret:
+            providers[name] = OAuthProvider(
+                name=name,
+                client_id=client_id,
+                client_secret=client_secret,
+                authorize_url=getattr(settings, f"auth_{name}_authorize_url"),
+                token_url=getattr(settings, f"auth_{name}_token_url"),
+                api_base_url=getattr(settings, f"auth_{name}_api_base_url"),
+                **details,
+            )
     return providers
 
 

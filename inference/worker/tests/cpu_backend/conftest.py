@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -16,6 +15,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.support.processes import free_port
+
 # A raw-text prompt the model continues for a long time: long generations without relying on chance.
 COUNTING_PROMPT = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12,"
 # A question the model answers in one short sentence and then ends with its EOS token.
@@ -24,12 +25,6 @@ STORY_PROMPT = (
     "<|im_start|>user\nWrite a long story about a dragon who learns to bake bread.<|im_end|>\n"
     "<|im_start|>assistant\n"
 )
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -69,7 +64,7 @@ class RunningBackend:
 
 
 def start_backend(log_dir: Path, **env: str) -> RunningBackend:
-    port = _free_port()
+    port = free_port()
     log_path = log_dir / f"cpu-backend-{port}.log"
     with log_path.open("wb") as log:
         proc = subprocess.Popen(
