@@ -1,7 +1,8 @@
 """API errors: every failure is JSON ``{"detail", "code"}`` with a fitting status, never a traceback.
 
-``ApiError`` (:mod:`oasst_inference_server.errors`) is raised by routes and services; the handlers
-here turn it, request validation errors and unexpected exceptions into that shape. Under ``/v1/`` (the OpenAI-compatible API) the same
+The domain errors of :mod:`oasst_inference_server.domain_errors` (raised by services) get their status
+here (``DOMAIN_STATUS``); ``ApiError`` (:mod:`oasst_inference_server.errors`) carries its own. The handlers
+turn them, request validation errors and unexpected exceptions into that shape. Under ``/v1/`` (the OpenAI-compatible API) the same
 errors take OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with the status codes
 the OpenAI SDKs map to their exception classes (a validation error is a 400 there, not a 422).
 """
@@ -16,6 +17,7 @@ from fastapi.responses import JSONResponse
 from loguru import logger
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from oasst_inference_server import domain_errors as de
 from oasst_inference_server.errors import ApiError
 from oasst_shared.openai_schemas import ErrorInfo, ErrorResponse
 
@@ -29,6 +31,24 @@ _OPENAI_ERROR_TYPES = {
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
+
+
+# The HTTP status of each domain error; test_error_mapping checks that every one has a status.
+DOMAIN_STATUS: dict[type[de.DomainError], int] = {
+    de.InvalidRequest: 400,
+    de.InvalidValue: 422,
+    de.NotAuthenticated: 401,
+    de.NotFound: 404,
+    de.Conflict: 409,
+    de.UpstreamFailed: 502,
+}
+
+
+def to_api_error(exc: de.DomainError) -> ApiError:
+    """The HTTP form of a domain error."""
+    status = next(s for cls, s in DOMAIN_STATUS.items() if isinstance(exc, cls))
+    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, de.NotAuthenticated) and exc.bearer else None
+    return ApiError(status, exc.code, exc.detail, headers, param=exc.param)
 
 
 def _json_safe(errors: list[Any]) -> list[dict[str, Any]]:
@@ -70,6 +90,10 @@ def _openai_validation_error(errors: list[dict[str, Any]]) -> JSONResponse:
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(de.DomainError)
+    async def _domain_error(request: Request, exc: de.DomainError) -> JSONResponse:
+        return await _api_error(request, to_api_error(exc))
+
     @app.exception_handler(ApiError)
     async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
         if _is_openai(request):

@@ -22,7 +22,7 @@ import jwt
 from authlib.integrations.httpx_client import AsyncOAuth2Client, OAuthError
 from loguru import logger
 
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import InvalidRequest, NotFound, UpstreamFailed
 from oasst_inference_server.settings import Settings
 
 try:  # authlib uses httpx2 when it is installed (the openai SDK brings it), httpx otherwise
@@ -89,7 +89,7 @@ def configured_providers(settings: Settings) -> dict[str, OAuthProvider]:
 def get_provider(settings: Settings, name: str) -> OAuthProvider:
     provider = configured_providers(settings).get(name)
     if provider is None:
-        raise ApiError(404, "unknown_provider", f"sign-in with {name!r} is not configured on this server")
+        raise NotFound("unknown_provider", f"sign-in with {name!r} is not configured on this server")
     return provider
 
 
@@ -127,14 +127,14 @@ def check_state(settings: Settings, provider: OAuthProvider, state: str, cookie_
     try:
         claims = jwt.decode(state, settings.auth_secret, algorithms=["HS256"], options={"require": ["exp"]})
     except jwt.ExpiredSignatureError:
-        raise ApiError(400, "oauth_state_expired", "the sign-in took too long: start again") from None
+        raise InvalidRequest("oauth_state_expired", "the sign-in took too long: start again") from None
     except jwt.InvalidTokenError:
-        raise ApiError(400, "oauth_state_invalid", "invalid OAuth state") from None
+        raise InvalidRequest("oauth_state_invalid", "invalid OAuth state") from None
     if claims.get("kind") != _STATE_KIND or claims.get("provider") != provider.name:
-        raise ApiError(400, "oauth_state_invalid", "invalid OAuth state")
+        raise InvalidRequest("oauth_state_invalid", "invalid OAuth state")
     nonce = claims.get("nonce")
     if not cookie_nonce or not isinstance(nonce, str) or not secrets.compare_digest(nonce, cookie_nonce):
-        raise ApiError(400, "oauth_state_mismatch", "this sign-in was not started in this browser")
+        raise InvalidRequest("oauth_state_mismatch", "this sign-in was not started in this browser")
 
 
 def _client(settings: Settings, provider: OAuthProvider) -> AsyncOAuth2Client:
@@ -161,22 +161,22 @@ async def fetch_identity(settings: Settings, provider: OAuthProvider, code: str)
             response = await client.get(provider.userinfo_url())
     except OAuthError as exc:
         logger.info("{} refused an OAuth code: {}", provider.name, exc)
-        raise ApiError(400, "oauth_error", f"{provider.name} refused the sign-in: {exc.error}") from None
+        raise InvalidRequest("oauth_error", f"{provider.name} refused the sign-in: {exc.error}") from None
     except _EXCHANGE_ERRORS as exc:
         logger.warning("{} OAuth exchange failed: {}", provider.name, exc)
-        raise ApiError(
-            502, "oauth_provider_error", f"could not reach {provider.name}: {type(exc).__name__}"
+        raise UpstreamFailed(
+            "oauth_provider_error", f"could not reach {provider.name}: {type(exc).__name__}"
         ) from None
     if response.status_code != 200:
-        raise ApiError(
-            502, "oauth_provider_error", f"{provider.name} answered {response.status_code} for the user"
+        raise UpstreamFailed(
+            "oauth_provider_error", f"{provider.name} answered {response.status_code} for the user"
         )
     try:
         data: Any = response.json()
         account_id = str(data[provider.id_field])
         name = str(data.get(provider.name_field) or account_id)
     except (ValueError, KeyError, TypeError, AttributeError):
-        raise ApiError(502, "oauth_provider_error", f"unexpected user info from {provider.name}") from None
+        raise UpstreamFailed("oauth_provider_error", f"unexpected user info from {provider.name}") from None
     if not account_id or len(account_id) > 128:
-        raise ApiError(502, "oauth_provider_error", f"unexpected user id from {provider.name}")
+        raise UpstreamFailed("oauth_provider_error", f"unexpected user id from {provider.name}")
     return account_id, name[:256]

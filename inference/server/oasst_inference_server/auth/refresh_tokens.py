@@ -23,12 +23,11 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.signed_tokens import create_token
 from oasst_inference_server.db.models import DbRefreshToken, DbUser, new_id, utcnow
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import NotAuthenticated
 from oasst_inference_server.settings import Settings
 from oasst_shared.schemas import LoginResponse, TokenPair
 
 REFRESH_TOKEN_PREFIX = "ort_"
-_WWW = {"WWW-Authenticate": "Bearer"}
 
 
 def hash_secret(secret: str) -> str:
@@ -67,18 +66,20 @@ async def refresh(session: AsyncSession, settings: Settings, presented: str) -> 
         await session.exec(select(DbRefreshToken).where(DbRefreshToken.token_hash == hash_secret(presented)))
     ).one_or_none()
     if row is None:
-        raise ApiError(401, "invalid_refresh_token", "unknown refresh token", _WWW)
+        raise NotAuthenticated("invalid_refresh_token", "unknown refresh token", bearer=True)
     if row.revoked_at is not None:
-        raise ApiError(401, "refresh_token_revoked", "this refresh token was revoked: log in again", _WWW)
+        raise NotAuthenticated(
+            "refresh_token_revoked", "this refresh token was revoked: log in again", bearer=True
+        )
     user_id, family_id = row.user_id, row.family_id
     if row.used_at is not None:
         await _reuse_detected(session, user_id, family_id)
     now = utcnow()
     if row.expires_at <= now:
-        raise ApiError(401, "refresh_token_expired", "refresh token expired: log in again", _WWW)
+        raise NotAuthenticated("refresh_token_expired", "refresh token expired: log in again", bearer=True)
     user = await session.get(DbUser, row.user_id)
     if user is None or user.deleted:
-        raise ApiError(401, "invalid_refresh_token", "unknown user", _WWW)
+        raise NotAuthenticated("invalid_refresh_token", "unknown user", bearer=True)
     used = await session.exec(
         update(DbRefreshToken)
         .where(
@@ -105,11 +106,10 @@ async def _reuse_detected(session: AsyncSession, user_id: str, family_id: str) -
         family_id,
         revoked,
     )
-    raise ApiError(
-        401,
+    raise NotAuthenticated(
         "refresh_token_reused",
         "this refresh token was already used: every session of it is signed out",
-        _WWW,
+        bearer=True,
     )
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 import jwt
 
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import NotAuthenticated
 from oasst_inference_server.settings import Settings
 
 TokenKind = Literal["access", "refresh"]
@@ -27,15 +27,15 @@ def create_token(settings: Settings, user_id: str, kind: TokenKind) -> str:
 
 
 def verify_token(settings: Settings, token: str, kind: TokenKind) -> str:
-    """Return the user id of a valid token of ``kind``; raise a 401 ``ApiError`` otherwise."""
+    """Return the user id of a valid token of ``kind``; raise ``NotAuthenticated`` otherwise."""
     try:
         claims = jwt.decode(
             token, settings.auth_secret, algorithms=[_ALGORITHM], options={"require": ["exp"]}
         )
     except jwt.ExpiredSignatureError:
-        raise ApiError(401, "token_expired", "token expired", {"WWW-Authenticate": "Bearer"}) from None
+        raise NotAuthenticated("token_expired", "token expired", bearer=True) from None
     except jwt.InvalidTokenError:
-        raise ApiError(401, "invalid_token", "invalid token", {"WWW-Authenticate": "Bearer"}) from None
+        raise NotAuthenticated("invalid_token", "invalid token", bearer=True) from None
     if claims.get("kind") != kind or not isinstance(claims.get("sub"), str):
-        raise ApiError(401, "invalid_token", "invalid token", {"WWW-Authenticate": "Bearer"})
+        raise NotAuthenticated("invalid_token", "invalid token", bearer=True)
     return str(claims["sub"])

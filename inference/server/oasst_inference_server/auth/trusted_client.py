@@ -23,7 +23,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db.models import DbUser
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import Conflict, NotAuthenticated
 from oasst_inference_server.settings import Settings
 
 TRUSTED_CLIENT_HEADER = "TrustedClient"
@@ -47,8 +47,8 @@ def parse_trusted_client(header: str) -> TrustedClient:
         raw = base64.b64decode(header.strip(), validate=False)
         return TrustedClient.model_validate(json.loads(raw))
     except (binascii.Error, ValueError, ValidationError, UnicodeDecodeError):
-        raise ApiError(
-            401, "invalid_trusted_client", "the TrustedClient header is not base64 JSON of the expected shape"
+        raise NotAuthenticated(
+            "invalid_trusted_client", "the TrustedClient header is not base64 JSON of the expected shape"
         ) from None
 
 
@@ -60,7 +60,7 @@ async def trusted_client_user(session: AsyncSession, settings: Settings, header:
     """The user a trusted client speaks for, created on first sight."""
     info = parse_trusted_client(header)
     if not _key_is_trusted(settings, info.api_key):
-        raise ApiError(401, "unauthorized_client", "unknown trusted-client API key")
+        raise NotAuthenticated("unauthorized_client", "unknown trusted-client API key")
     user = await session.get(DbUser, info.user_id)
     if user is None:
         user = DbUser(
@@ -78,14 +78,14 @@ async def trusted_client_user(session: AsyncSession, settings: Settings, header:
             await session.rollback()
             found = await session.get(DbUser, info.user_id)
             if found is None:
-                raise ApiError(
-                    409, "account_conflict", "this client account is linked to another user id"
+                raise Conflict(
+                    "account_conflict", "this client account is linked to another user id"
                 ) from None
             user = found
     if user.deleted:
-        raise ApiError(401, "user_deleted", "this account was deleted")
+        raise NotAuthenticated("user_deleted", "this account was deleted")
     if user.provider != info.client:
-        raise ApiError(401, "unauthorized_client", "this user was not created by this trusted client")
+        raise NotAuthenticated("unauthorized_client", "this user was not created by this trusted client")
     if user.display_name != info.username:
         user.display_name = info.username
         session.add(user)

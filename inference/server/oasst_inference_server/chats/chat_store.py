@@ -13,7 +13,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db.models import DbChat, DbMessage, DbMessageEvaluation, DbReport, DbUser
 from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES, to_message_read
-from oasst_inference_server.errors import ApiError, not_found
+from oasst_inference_server.domain_errors import InvalidRequest, not_found
 from oasst_shared.schemas import ChatListRead, ChatRead, MessageRead
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         moment, chat_id = raw.split("|", 1)
         return datetime.fromisoformat(moment), chat_id
     except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise ApiError(400, "invalid_cursor", f"{cursor[:40]!r} is not a cursor from this API") from None
+        raise InvalidRequest("invalid_cursor", f"{cursor[:40]!r} is not a cursor from this API") from None
 
 
 async def list_user_chats(
@@ -132,7 +132,7 @@ async def list_user_chats(
     do not shift the pages.
     """
     if after is not None and before is not None:
-        raise ApiError(400, "invalid_cursor", "give either after or before, not both")
+        raise InvalidRequest("invalid_cursor", "give either after or before, not both")
     query = select(DbChat).where(DbChat.user_id == user.id)
     if not include_hidden:
         query = query.where(DbChat.hidden == False)  # noqa: E712 - SQL expression

@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db.models import DbUserSettings, utcnow
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import InvalidValue
 from oasst_shared.schemas import UserSettings
 
 # The schema bounds every field but the texts inside lists (stop sequences): this bounds the whole.
@@ -20,7 +20,7 @@ async def load_user_settings(session: AsyncSession, user_id: str) -> UserSetting
 async def save_user_settings(session: AsyncSession, user_id: str, settings: UserSettings) -> UserSettings:
     data = settings.model_dump(mode="json")
     if len(settings.model_dump_json()) > MAX_SETTINGS_BYTES:
-        raise ApiError(422, "settings_too_large", f"settings are limited to {MAX_SETTINGS_BYTES} bytes")
+        raise InvalidValue("settings_too_large", f"settings are limited to {MAX_SETTINGS_BYTES} bytes")
     row = await session.get(DbUserSettings, user_id)
     if row is None:
         row = DbUserSettings(user_id=user_id, settings=data)

@@ -14,6 +14,7 @@ from oasst_inference_server.api.routes.web import signin_handoff
 from oasst_inference_server.auth import oauth, refresh_tokens
 from oasst_inference_server.auth.trusted_client import TRUSTED_CLIENT_HEADER, trusted_client_user
 from oasst_inference_server.db.models import DbUser
+from oasst_inference_server.domain_errors import DomainError
 from oasst_inference_server.errors import ApiError
 from oasst_shared.schemas import AuthCheckResponse, LoginResponse, RefreshRequest, UserRead
 
@@ -194,7 +195,7 @@ async def callback_oauth(
         if user.deleted:
             raise ApiError(401, "user_deleted", "this account was deleted")
         pair = await refresh_tokens.login(session, settings, user)
-    except ApiError as exc:
+    except (ApiError, DomainError) as exc:
         if web:
             return signin_handoff(error=exc.detail)
         raise

@@ -1,0 +1,60 @@
+"""The errors of the domain: what a service says went wrong, without HTTP in mind.
+
+Services raise these; :mod:`.api.error_handlers` alone maps them to HTTP (a status, and the REST or the
+OpenAI error shape), so a service can be used and tested without a web framework. Every error has a
+machine-readable ``code`` (what clients branch on, e.g. ``invalid_refresh_token``) and a ``detail`` for
+people.
+
+    DomainError
+    ├── InvalidRequest      the request cannot be served as asked: a bad cursor, a foreign OAuth state (400)
+    ├── InvalidValue        a value breaks a documented bound: settings too large (422)
+    ├── NotAuthenticated    no valid credentials: expired or forged token, unknown user (401)
+    ├── NotFound            the thing named does not exist, or is not the caller's (404)
+    ├── Conflict            the state of the data refuses the change (409)
+    └── UpstreamFailed      a service this one depends on failed: an OAuth provider (502)
+
+``ApiError`` (:mod:`.errors`) remains for the modules not converted yet: it carries its HTTP status.
+"""
+
+from __future__ import annotations
+
+
+class DomainError(Exception):
+    def __init__(self, code: str, detail: str, *, param: str | None = None):
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+        self.param = param  # the request parameter at fault, where there is one
+
+
+class InvalidRequest(DomainError):
+    """The request cannot be served as asked."""
+
+
+class InvalidValue(DomainError):
+    """A value breaks a documented bound."""
+
+
+class NotAuthenticated(DomainError):
+    """No valid credentials. ``bearer``: the caller should send (fresh) bearer tokens."""
+
+    def __init__(self, code: str, detail: str, *, bearer: bool = False):
+        super().__init__(code, detail)
+        self.bearer = bearer
+
+
+class NotFound(DomainError):
+    """The thing named does not exist, or is not the caller's."""
+
+
+class Conflict(DomainError):
+    """The state of the data refuses the change."""
+
+
+class UpstreamFailed(DomainError):
+    """A service this one depends on failed or answered nonsense."""
+
+
+def not_found(what: str) -> NotFound:
+    """``what`` (e.g. ``chat``, ``api_key``) does not exist or is not the caller's."""
+    return NotFound(f"{what}_not_found", f"{what.replace('_', ' ').capitalize()} not found")
