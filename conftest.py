@@ -11,8 +11,16 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests.support.clients import close_all
 from tests.support.services import REDIS_URL, fresh_database, fresh_redis_prefix
 from tests.support.stacks import BackendProcess, Stack, start_cpu_backend, start_stack
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_clients() -> Iterator[None]:
+    """Close the HTTP clients tests opened without a ``with`` block (tests/support/clients.py)."""
+    yield
+    close_all()
 
 
 @pytest.fixture(scope="session")

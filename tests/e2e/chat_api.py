@@ -9,6 +9,8 @@ from typing import Any
 
 import httpx
 
+from tests.support.clients import closing
+
 
 @dataclass
 class SseEvent:
@@ -24,7 +26,7 @@ class ChatApi:
     client: httpx.Client = field(init=False)
 
     def __post_init__(self) -> None:
-        self.client = httpx.Client(base_url=self.base_url, timeout=120)
+        self.client = closing(httpx.Client(base_url=self.base_url, timeout=120))
         login = self.client.get("/auth/callback/debug", params={"code": self.username})
         login.raise_for_status()
         self.token = login.json()["access_token"]["access_token"]

@@ -8,6 +8,7 @@ import httpx
 import pytest
 
 from tests.e2e.chat_api import ChatApi
+from tests.support.clients import closing
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +61,11 @@ def test_another_users_chat_is_not_found(stack, api, prompt):
 
 def test_anonymous_and_bad_tokens_get_401(stack, api, prompt):
     chat_id, _ = prompt
-    anonymous = httpx.Client(base_url=stack.url)
+    anonymous = closing(httpx.Client(base_url=stack.url))
     assert_error(anonymous.get("/chats"), 401, "not_authenticated")
     assert_error(anonymous.get(f"/chats/{chat_id}"), 401, "not_authenticated")
     assert_error(anonymous.post("/chats", json={}), 401, "not_authenticated")
-    forged = httpx.Client(base_url=stack.url, headers={"Authorization": "Bearer not.a.token"})
+    forged = closing(httpx.Client(base_url=stack.url, headers={"Authorization": "Bearer not.a.token"}))
     assert_error(forged.get("/chats"), 401, "invalid_token")
 
 

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from tests.e2e.chat_api import ChatApi, tokens_text
+from tests.support.clients import closing
 from tests.support.processes import ManagedProcess, free_port, start_process, wait_for_model, wait_http_ok
 from tests.support.services import REDIS_URL, fresh_database, fresh_redis_prefix
 from tests.support.stacks import MODEL_NAME, BackendProcess, server_env
@@ -96,7 +97,9 @@ def test_a_worker_on_one_replica_serves_a_client_of_another(replicas, cpu_backen
         assert 1 <= final["generated_tokens"] <= GREEDY["max_new_tokens"]
 
         # The first replica serves the same chat and the finished message to the same user.
-        other = httpx.Client(base_url=first, headers={"Authorization": f"Bearer {api.token}"}, timeout=30)
+        other = closing(
+            httpx.Client(base_url=first, headers={"Authorization": f"Bearer {api.token}"}, timeout=30)
+        )
         assert other.get(f"/chats/{chat_id}/messages/{message_id}").json()["content"] == final["content"]
         assert [c["id"] for c in other.get("/chats").json()["chats"]] == [chat_id]
 

@@ -132,13 +132,13 @@ def start_redis(port: int):
     proc = subprocess.Popen(
         ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
     )
-    client = redis.Redis(port=port)
-    for _ in range(100):
-        try:
-            client.ping()
-            return proc
-        except redis.ConnectionError:
-            time.sleep(0.1)
+    with redis.Redis(port=port) as client:
+        for _ in range(100):
+            try:
+                client.ping()
+                return proc
+            except redis.ConnectionError:
+                time.sleep(0.1)
     raise RuntimeError("redis-server did not start")
 
 

@@ -17,6 +17,7 @@ import httpx
 import openai
 import pytest
 
+from tests.support.clients import closing
 from tests.support.stacks import BackendProcess, Stack, start_stack
 
 RATE_LIMIT = 3
@@ -32,7 +33,7 @@ class ApiUser:
     token: str = field(init=False)
 
     def __post_init__(self) -> None:
-        self.http = httpx.Client(base_url=self.base_url, timeout=120)
+        self.http = closing(httpx.Client(base_url=self.base_url, timeout=120))
         login = self.http.get("/auth/callback/debug", params={"code": self.name})
         login.raise_for_status()
         self.token = login.json()["access_token"]["access_token"]
@@ -45,8 +46,10 @@ class ApiUser:
 
     def client(self, api_key: str | None = None) -> openai.OpenAI:
         """An SDK client with ``api_key`` (default: the user's access token); no retries, so errors show."""
-        return openai.OpenAI(
-            base_url=f"{self.base_url}/v1", api_key=api_key or self.token, max_retries=0, timeout=180
+        return closing(
+            openai.OpenAI(
+                base_url=f"{self.base_url}/v1", api_key=api_key or self.token, max_retries=0, timeout=180
+            )
         )
 
     def usage(self) -> dict[str, Any]:

@@ -51,9 +51,11 @@ class ManagedProcess:
         self.stop(signal.SIGKILL, timeout=5)
 
 
-def spawn(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> ManagedProcess:
-    """Start ``argv`` in ``log_dir`` with ``env`` added to this process's environment, its output in a log
-    file there."""
+def spawn(
+    name: str, argv: list[str], env: dict[str, str], log_dir: Path, cwd: Path | None = None
+) -> ManagedProcess:
+    """Start ``argv`` in ``cwd`` (default ``log_dir``) with ``env`` added to this process's environment,
+    its output in a log file in ``log_dir``."""
     log_path = log_dir / f"{name}-{uuid.uuid4().hex[:6]}.log"
     with log_path.open("wb") as log:  # the child keeps its own copy of the descriptor
         proc = subprocess.Popen(
@@ -61,7 +63,7 @@ def spawn(name: str, argv: list[str], env: dict[str, str], log_dir: Path) -> Man
             env={**os.environ, **env, "PYTHONUNBUFFERED": "1"},
             stdout=log,
             stderr=subprocess.STDOUT,
-            cwd=log_dir,
+            cwd=cwd or log_dir,
         )
     return ManagedProcess(name, proc, log_path)
 

@@ -5,7 +5,6 @@ backend), with a fake OAuth provider and a rate limit the tests can reach."""
 from __future__ import annotations
 
 import shutil
-import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -15,7 +14,7 @@ from playwright.sync_api import expect
 
 from tests.support import fake_oauth
 from tests.support.fake_workers import FakeBackend, fake_model, start_fake_worker
-from tests.support.processes import ManagedProcess, free_port, wait_http_ok
+from tests.support.processes import ManagedProcess, free_port, spawn, wait_http_ok
 from tests.support.stacks import BackendProcess, Stack, start_stack
 from tests.web.web_support import DESKTOP, ROOT, WebPage
 
@@ -116,14 +115,8 @@ def hostile_model(web_stack: Stack, tmp_path: Path) -> Iterator[ManagedProcess]:
     """A second model whose scripted backend answers with attacks on the page; yields its worker
     (stop it to make the model vanish)."""
     port = free_port()
-    log_path = tmp_path / "hostile-backend.log"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.web.hostile_backend", str(port)],
-        cwd=ROOT,
-        stdout=log_path.open("wb"),
-        stderr=subprocess.STDOUT,
-    )
-    backend = ManagedProcess("hostile-backend", proc, log_path)
+    argv = [sys.executable, "-m", "tests.web.hostile_backend", str(port)]
+    backend = spawn("hostile-backend", argv, {}, tmp_path, cwd=ROOT)
     try:
         wait_http_ok(f"http://127.0.0.1:{port}/health", backend, timeout=30)
         url = f"http://127.0.0.1:{port}"

@@ -16,6 +16,7 @@ import jwt
 import pytest
 from playwright.sync_api import expect
 
+from tests.support.clients import closing
 from tests.support.processes import free_port
 from tests.web.a11y import accessibility_problems, assert_accessible, focus_order
 from tests.web.conftest import AUTH_SECRET, HOSTILE_MODEL, RATE_LIMIT_PER_MINUTE, fake_oauth
@@ -330,7 +331,7 @@ def test_oauth_sign_in_token_rotation_expiry_and_sign_out(open_page, web_stack, 
     expect(page.locator("#account-name")).to_have_text(login)
     expect(page).to_have_url(web_stack.url + "/")
     tokens = web.tokens()
-    http = httpx.Client(base_url=web_stack.url)
+    http = closing(httpx.Client(base_url=web_stack.url))
     user_id = http.get("/auth/check", headers={"Authorization": f"Bearer {tokens['access']}"}).json()[
         "user_id"
     ]

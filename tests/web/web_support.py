@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 from playwright.sync_api import BrowserContext, Locator, Page, Request, expect
 
+from tests.support.clients import closing
+
 ROOT = Path(__file__).resolve().parents[2]
 SCREENSHOTS = Path(os.environ.get("OASST_WEB_SCREENSHOTS", ROOT / "build" / "web-screenshots"))
 DESKTOP = {"width": 1280, "height": 800}
@@ -156,7 +158,7 @@ class ServerView:
     """The same user through the REST API (a debug login of the same name is the same account)."""
 
     def __init__(self, base_url: str, name: str):
-        self.http = httpx.Client(base_url=base_url, timeout=30)
+        self.http = closing(httpx.Client(base_url=base_url, timeout=30))
         login = self.http.get("/auth/callback/debug", params={"code": name})
         login.raise_for_status()
         self.http.headers["Authorization"] = f"Bearer {login.json()['access_token']['access_token']}"

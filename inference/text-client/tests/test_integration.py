@@ -18,6 +18,8 @@ import httpx
 import pexpect
 import pytest
 
+from tests.support.clients import closing
+
 pytestmark = pytest.mark.slow
 
 OASST_CHAT = str(Path(sys.executable).with_name("oasst-chat"))
@@ -29,8 +31,10 @@ class StackReader:
 
     def __init__(self, url: str, username: str) -> None:
         token = httpx.get(f"{url}/auth/callback/debug", params={"code": username}).json()
-        self.http = httpx.Client(
-            base_url=url, headers={"Authorization": f"Bearer {token['access_token']['access_token']}"}
+        self.http = closing(
+            httpx.Client(
+                base_url=url, headers={"Authorization": f"Bearer {token['access_token']['access_token']}"}
+            )
         )
 
     def only_chat(self) -> dict[str, Any]:
