@@ -21,7 +21,7 @@ from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import PROTOCOL_VERSION, Drain, WorkerInfo, dump_frame
 from tests.e2e.chat_api import ChatApi, tokens_text
 from tests.support.fake_workers import fake_model, start_fake_worker
-from tests.support.processes import start_process, wait_for_model, wait_http_ok
+from tests.support.processes import free_port, start_process, wait_for_model, wait_http_ok
 from tests.support.services import REDIS_URL
 from tests.support.stacks import WORKER_API_KEY
 
@@ -340,7 +340,7 @@ def test_a_lost_replica_s_reader_resumes_on_another(how, cpu_backend, postgres_u
     prefix = f"{redis_prefix}replicas:{uuid.uuid4().hex[:6]}:"
     replicas = []
     for name in ("replica-a", "replica-b"):
-        port = __import__("conftest").free_port()
+        port = free_port()
         env = server_env(port, postgres_url, REDIS_URL, OASST_SERVER_REDIS_KEY_PREFIX=prefix, **FAST_TIMINGS)
         process = start_process(name, "oasst_inference_server", env, tmp_path)
         wait_http_ok(f"http://127.0.0.1:{port}/health", process)

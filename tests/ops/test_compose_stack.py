@@ -41,6 +41,7 @@ import yaml
 
 from tests.ops import docker_engine
 from tests.ops.docker_engine import Compose, DockerEngine, DockerUnavailable, Timer, log
+from tests.support.clients import closing
 from tests.support.processes import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
@@ -376,7 +377,7 @@ def test_no_secret_of_the_env_file_reaches_an_image(stack: Stack) -> None:
 
 
 def test_production_sign_in_without_the_development_login(stack: Stack) -> None:
-    client = httpx.Client(base_url=stack.url, timeout=30)
+    client = closing(httpx.Client(base_url=stack.url, timeout=30))
     # No debug login: only the configured OAuth provider is offered.
     assert client.get("/auth/providers").json() == ["github"]
     debug = client.get("/auth/login/debug", params={"username": "mallory"})
@@ -478,7 +479,7 @@ def test_a_worker_signs_in_with_a_key_from_the_admin_cli(stack: Stack) -> None:
 
 def test_embeddings_through_the_load_balancer(stack: Stack) -> None:
     key = stack.admin_cli("create-api-key", "--user", "dora")
-    api = httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=60)
+    api = closing(httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {key}"}, timeout=60))
     deadline = time.monotonic() + 180
     while EMBEDDING_MODEL not in [m["id"] for m in api.get("/v1/models").json()["data"]]:
         assert time.monotonic() < deadline, "the embedding worker did not connect"
@@ -619,7 +620,7 @@ def test_prometheus_scrapes_every_replica_worker_backend_and_the_balancer(stack:
 
 def test_grafana_is_provisioned_with_the_dashboard_and_its_queries_answer(stack: Stack) -> None:
     auth = (stack.env["GRAFANA_ADMIN_USER"], stack.env["GRAFANA_ADMIN_PASSWORD"])
-    grafana = httpx.Client(base_url=stack.grafana, auth=auth, timeout=30)
+    grafana = closing(httpx.Client(base_url=stack.grafana, auth=auth, timeout=30))
     assert httpx.get(f"{stack.grafana}/api/search", auth=("admin", "wrong")).status_code == 401
     dashboard_file = json.loads((ROOT / "deploy/grafana/dashboards/oasst-inference.json").read_text())
     found = grafana.get("/api/search").json()
