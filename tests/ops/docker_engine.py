@@ -134,25 +134,26 @@ class DockerEngine:
             fcntl.flock(self._lock, fcntl.LOCK_EX)
         self._stop_leftover()
         self.data_root.mkdir(parents=True, exist_ok=True)
-        log_file = self.log_path.open("wb")
-        self._proc = subprocess.Popen(
-            [
-                "dockerd",
-                "--data-root",
-                str(self.data_root),
-                "--exec-root",
-                str(self.run_dir / "exec"),
-                "--pidfile",
-                str(self.cache_dir / "dockerd.pid"),
-                "-H",
-                self.host,
-                # Containers restarted by a previous run's policy must not come back on their own.
-                "--live-restore=false",
-            ],
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        # The child keeps its own copy of the log's descriptor: the parent's closes after the start.
+        with self.log_path.open("wb") as log_file:
+            self._proc = subprocess.Popen(
+                [
+                    "dockerd",
+                    "--data-root",
+                    str(self.data_root),
+                    "--exec-root",
+                    str(self.run_dir / "exec"),
+                    "--pidfile",
+                    str(self.cache_dir / "dockerd.pid"),
+                    "-H",
+                    self.host,
+                    # Containers restarted by a previous run's policy must not come back on their own.
+                    "--live-restore=false",
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         deadline = time.monotonic() + timeout
         while True:
             if self._proc.poll() is not None:
@@ -428,23 +429,24 @@ def build_project_images(compose: Compose, services: Sequence[str], log_dir: Pat
         build = config["services"][service]["build"]
         context = Path(build["context"])
         log_path = log_dir / f"build-{service}.log"
-        proc = subprocess.Popen(
-            [
-                "docker",
-                "build",
-                "--target",
-                "build",
-                "-t",
-                f"oasst-build-cache/{service}:latest",
-                *[f"--build-arg={name}={value}" for name, value in (build.get("args") or {}).items()],
-                "-f",
-                str(context / build["dockerfile"]),
-                str(context),
-            ],
-            env=compose.engine.env,
-            stdout=log_path.open("wb"),
-            stderr=subprocess.STDOUT,
-        )
+        with log_path.open("wb") as build_log:
+            proc = subprocess.Popen(
+                [
+                    "docker",
+                    "build",
+                    "--target",
+                    "build",
+                    "-t",
+                    f"oasst-build-cache/{service}:latest",
+                    *[f"--build-arg={name}={value}" for name, value in (build.get("args") or {}).items()],
+                    "-f",
+                    str(context / build["dockerfile"]),
+                    str(context),
+                ],
+                env=compose.engine.env,
+                stdout=build_log,
+                stderr=subprocess.STDOUT,
+            )
         stages.append((service, proc, log_path))
     for service, proc, log_path in stages:
         if proc.wait(timeout=1800) != 0:

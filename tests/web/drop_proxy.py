@@ -11,6 +11,7 @@ could correct it. Later streams pass through.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -81,8 +82,15 @@ class DropProxy:
             out_headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
             return StreamingResponse(relayed(), status_code=response.status_code, headers=out_headers)
 
+        @contextlib.asynccontextmanager
+        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
+            yield
+            if client is not None:  # the proxy's upstream connections close with it
+                await client.aclose()
+
         return Starlette(
-            routes=[Route("/{path:path}", relay, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])]
+            routes=[Route("/{path:path}", relay, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])],
+            lifespan=lifespan,
         )
 
     async def _wait(self, flag: threading.Event) -> None:

@@ -1,15 +1,10 @@
 """The error a request fails with: ``ApiError`` (a status, a machine-readable code and a message).
 
-Raised by routes, and by the services not yet converted to the domain errors of :mod:`.domain_errors`
-(``not_found`` is one of those, kept here for the routes that import it); :mod:`.api.error_handlers`
-turns it into the JSON the client sees (``{"detail", "code"}``, or OpenAI's shape under ``/v1/``).
+Raised by routes, and by the services not yet converted to the domain errors of :mod:`.domain_errors`;
+:mod:`.api.error_handlers` turns it into the JSON the client sees (``{"detail", "code"}``, or OpenAI's shape under ``/v1/``).
 """
 
 from __future__ import annotations
-
-from oasst_inference_server.domain_errors import not_found
-
-__all__ = ["ApiError", "not_found"]
 
 
 class ApiError(Exception):

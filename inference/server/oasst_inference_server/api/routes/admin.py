@@ -20,7 +20,8 @@ from oasst_inference_server.chats.accounts import delete_account
 from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerEvent
 from oasst_inference_server.dispatch.events import worker_command_channel
 from oasst_inference_server.dispatch.worker_connection import DISCONNECT_COMMAND
-from oasst_inference_server.errors import ApiError, not_found
+from oasst_inference_server.domain_errors import not_found
+from oasst_inference_server.errors import ApiError
 from oasst_shared.schemas import (
     AdminUserRead,
     CreateWorkerRequest,

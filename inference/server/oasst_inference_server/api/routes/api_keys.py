@@ -12,7 +12,8 @@ from oasst_inference_server.api.deps import SessionDep, SignedInUser
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.auth.api_key_store import create_api_key
 from oasst_inference_server.db.models import DbApiKey, utcnow
-from oasst_inference_server.errors import ApiError, not_found
+from oasst_inference_server.domain_errors import not_found
+from oasst_inference_server.errors import ApiError
 from oasst_shared.schemas import (
     ApiKeyCreated,
     ApiKeyRead,

@@ -14,7 +14,7 @@ from sqlalchemy import func, select
 from oasst_inference_server.api.deps import ApiCaller, SessionDep
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.db.models import DbApiKey, DbChat, DbMessage
-from oasst_inference_server.errors import not_found
+from oasst_inference_server.domain_errors import not_found
 from oasst_inference_server.openai_api.openai_service import API_KINDS
 from oasst_shared.schemas import (
     ApiKeyUsage,
