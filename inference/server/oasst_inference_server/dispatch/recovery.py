@@ -96,19 +96,19 @@ class RecoveryLoop:
                 message_id, session_id or "", "lease expired: the worker stopped responding"
             )
 
-    async def requeue_lost_work(self) -> None:
-        grace = utcnow() - timedelta(seconds=self._settings.requeue_grace)
+    async def _pending_longer_than(self, age: timedelta) -> list[tuple[str, str | None]]:
+        """(id, model) of the messages pending for longer than ``age``, oldest first."""
+        cutoff = utcnow() - age
         async with self._sessions() as session:
-            pending = (
-                await session.exec(
-                    select(DbMessage.id, DbMessage.model_config_name)
-                    .where(
-                        DbMessage.state == MessageState.pending.value,
-                        DbMessage.enqueued_at < grace,
-                    )
-                    .order_by(DbMessage.enqueued_at)
-                )
-            ).all()
+            rows = await session.exec(
+                select(DbMessage.id, DbMessage.model_config_name)
+                .where(DbMessage.state == MessageState.pending.value, DbMessage.enqueued_at < cutoff)
+                .order_by(DbMessage.enqueued_at)
+            )
+            return list(rows.all())
+
+    async def requeue_lost_work(self) -> None:
+        pending = await self._pending_longer_than(timedelta(seconds=self._settings.requeue_grace))
         by_model: dict[str, list[str]] = {}
         for message_id, model in pending:
             by_model.setdefault(model or "", []).append(message_id)
@@ -124,16 +124,7 @@ class RecoveryLoop:
                 )
 
     async def fail_unservable(self) -> None:
-        cutoff = utcnow() - timedelta(seconds=self._settings.no_worker_timeout)
-        async with self._sessions() as session:
-            waiting = (
-                await session.exec(
-                    select(DbMessage.id, DbMessage.model_config_name).where(
-                        DbMessage.state == MessageState.pending.value,
-                        DbMessage.enqueued_at < cutoff,
-                    )
-                )
-            ).all()
+        waiting = await self._pending_longer_than(timedelta(seconds=self._settings.no_worker_timeout))
         if not waiting:
             return
         live = await self._registry.live_models()
