@@ -6,9 +6,58 @@ validation here is never refused by the backend for its parameters.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from oasst_shared.logprobs import MAX_TOP_LOGPROBS
+from oasst_shared.tool_calls import check_schema_size
 
 MAX_STOP_SEQUENCES = 4  # TGI's default limit
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's ``response_format.json_schema``: a named JSON schema the answer must match."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, serialize_by_alias=True)
+
+    name: str = Field(default="response", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(default=None, max_length=8192)
+    schema_: dict[str, Any] = Field(default_factory=dict, alias="schema")
+    strict: bool | None = None
+
+    @field_validator("schema_")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_schema_size(value)
+
+
+class ResponseFormat(BaseModel):
+    """Structured output, as OpenAI's ``response_format``: free ``text``, any JSON object
+    (``json_object``), or JSON matching a schema (``json_schema``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"] = "text"
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema")
+        return self
+
+    def constraint(self) -> dict[str, Any] | None:
+        """The JSON schema every answer must match; None for free text."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        if self.type == "json_schema":
+            return (
+                self.json_schema.schema_
+                if self.json_schema and self.json_schema.schema_
+                else {"type": "object"}
+            )
+        return None
 
 
 class SamplingParameters(BaseModel):
@@ -25,6 +74,12 @@ class SamplingParameters(BaseModel):
     seed: int | None = Field(default=None, ge=0, le=2**64 - 1)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
     do_sample: bool | None = None
+    # Protocol 3: workers without the matching capability (WorkerCapabilities) are never asked for these.
+    frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
+    response_format: ResponseFormat | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
 
     @field_validator("stop")
     @classmethod
@@ -32,6 +87,25 @@ class SamplingParameters(BaseModel):
         if any(not s for s in value):
             raise ValueError("stop sequences must not be empty strings")
         return value
+
+    def required_capabilities(self) -> dict[str, str]:
+        """The worker capabilities (``WorkerCapabilities`` fields) these parameters need, each with the
+        parameter that needs it: a worker without one would silently answer a different question."""
+        needed: dict[str, str] = {}
+        if self.frequency_penalty:
+            needed["frequency_penalty"] = "frequency_penalty"
+        if self.presence_penalty:
+            needed["presence_penalty"] = "presence_penalty"
+        if self.logprobs:
+            needed["logprobs"] = "logprobs"
+        if self.output_schema is not None:
+            needed["structured_output"] = "response_format"
+        return needed
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must match (structured output), or None."""
+        return self.response_format.constraint() if self.response_format else None
 
     @property
     def is_greedy(self) -> bool:
