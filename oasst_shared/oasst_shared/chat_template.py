@@ -1,8 +1,10 @@
 """Render a conversation into a prompt with a Jinja chat template (the Hugging Face convention).
 
-Templates see ``messages`` (a list of ``{"role", "content"}``), ``add_generation_prompt``,
-``bos_token``, ``eos_token`` and ``raise_exception``, exactly as ``transformers`` provides them, so
-the template stored in a model's GGUF metadata or ``tokenizer_config.json`` works unchanged.
+Templates see ``messages`` (a list of ``{"role", "content"}``, with ``tool_calls`` and ``tool_call_id``
+where a turn has them), ``add_generation_prompt``, ``bos_token``, ``eos_token``, ``raise_exception``
+and, when tools are offered, ``tools`` (OpenAI's tool definitions), exactly as ``transformers``
+provides them, so the template stored in a model's GGUF metadata or ``tokenizer_config.json`` works
+unchanged. :func:`template_takes_tools` tells whether a template renders ``tools`` itself.
 
 :func:`render_truncated` fits the prompt into a token budget: it always keeps the system prompt and
 the newest turn and drops the oldest turns first.
@@ -11,6 +13,7 @@ the newest turn and drops the oldest turns first.
 from __future__ import annotations
 
 import inspect
+import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -54,6 +57,35 @@ def _compile(template: str) -> Any:
         raise ChatTemplateError(f"invalid chat template: {exc}") from None
 
 
+def template_takes_tools(template: str) -> bool:
+    """True when the template renders the ``tools`` variable (most recent models' templates do)."""
+    return "tools" in template
+
+
+def _message(turn: ChatTurn) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    if turn.tool_calls:
+        # Templates read the arguments as a mapping (``arguments | tojson``), as transformers passes them.
+        message["tool_calls"] = [
+            {
+                "id": call.id,
+                "type": "function",
+                "function": {"name": call.function.name, "arguments": _arguments(call.function.arguments)},
+            }
+            for call in turn.tool_calls
+        ]
+    if turn.tool_call_id is not None:
+        message["tool_call_id"] = turn.tool_call_id
+    return message
+
+
+def _arguments(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def render(
     template: str,
     turns: Sequence[ChatTurn],
@@ -62,12 +94,14 @@ def render(
     add_generation_prompt: bool = True,
     bos_token: str = "",
     eos_token: str = "",
+    tools: list[dict[str, Any]] | None = None,
 ) -> str:
     """Render ``turns`` (after an optional system prompt) with ``template``."""
-    messages: list[dict[str, str]] = []
+    messages: list[dict[str, Any]] = []
     if system_prompt:
         messages.append({"role": "system", "content": system_prompt})
-    messages.extend({"role": t.role, "content": t.content} for t in turns)
+    messages.extend(_message(t) for t in turns)
+    context: dict[str, Any] = {"tools": tools} if tools else {}
     try:
         return str(
             _compile(template).render(
@@ -75,6 +109,7 @@ def render(
                 add_generation_prompt=add_generation_prompt,
                 bos_token=bos_token,
                 eos_token=eos_token,
+                **context,
             )
         )
     except TemplateError as exc:
@@ -97,6 +132,7 @@ async def render_truncated(
     system_prompt: str | None = None,
     bos_token: str = "",
     eos_token: str = "",
+    tools: list[dict[str, Any]] | None = None,
 ) -> RenderedPrompt:
     """Render the newest suffix of ``turns`` that fits in ``max_input_tokens``.
 
@@ -116,7 +152,12 @@ async def render_truncated(
 
     async def _render(start: int) -> tuple[str, int]:
         text = render(
-            template, turns[start:], system_prompt=system_prompt, bos_token=bos_token, eos_token=eos_token
+            template,
+            turns[start:],
+            system_prompt=system_prompt,
+            bos_token=bos_token,
+            eos_token=eos_token,
+            tools=tools,
         )
         count = count_tokens(text)
         if inspect.isawaitable(count):
@@ -141,7 +182,7 @@ async def render_truncated(
         else:
             lo = mid + 1
     start, text, tokens = best
-    while start < len(turns) - 1 and turns[start].role == "assistant":
+    while start < len(turns) - 1 and turns[start].role in ("assistant", "tool"):
         start += 1
         text, tokens = await _render(start)
     return RenderedPrompt(text=text, prompt_tokens=tokens, dropped_turns=start)

@@ -1,10 +1,13 @@
 """The OpenAI-compatible wire format: the subset of the OpenAI API this service speaks.
 
-Requests ignore unknown fields (SDKs and tools send many optional ones) but refuse, with a message
-naming the parameter, options the service cannot honour (``n`` > 1, logprobs, tools, JSON modes,
-logit_bias, penalties): silently dropping them would answer a different question than the one asked.
-Requests convert themselves to :class:`~oasst_shared.sampling.SamplingParameters` and to the
-conversation a worker renders (``to_sampling_parameters``, ``to_thread``).
+Requests ignore unknown fields (SDKs and tools send many optional ones) but declare every field of
+OpenAI's chat-completions request, and refuse, with a message naming the parameter, the options the
+service cannot honour (``logit_bias``, audio, predicted outputs, web search, the deprecated
+``functions``...): silently dropping them would answer a different question than the one asked.
+docs/openai-api.md has the table. Requests convert themselves to
+:class:`~oasst_shared.sampling.SamplingParameters` and to the conversation a worker renders
+(``to_sampling_parameters``, ``to_thread``); what a worker must be able to do for a request
+(its capabilities) is :meth:`_GenerationRequest.required_capabilities`.
 """
 
 from __future__ import annotations
@@ -13,12 +16,15 @@ import base64
 import struct
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
+from oasst_shared.logprobs import MAX_TOP_LOGPROBS, TokenLogprob
 from oasst_shared.protocol import ChatTurn
-from oasst_shared.sampling import MAX_STOP_SEQUENCES, SamplingParameters
+from oasst_shared.sampling import MAX_STOP_SEQUENCES, ResponseFormat, SamplingParameters
+from oasst_shared.tool_calls import MAX_TOOLS, NamedToolChoice, ToolCall, ToolChoice, ToolDefinition
 
-OpenAIFinishReason = Literal["stop", "length"]
+OpenAIFinishReason = Literal["stop", "length", "tool_calls"]
+MAX_CHOICES = 8  # n: each choice is one job on the queue
 MAX_PROMPT_CHARACTERS = 256_000  # the whole request; the worker truncates to the model's context
 MAX_EMBEDDING_INPUTS = 2048
 
@@ -30,8 +36,10 @@ _FINISH_REASONS: dict[str, OpenAIFinishReason] = {
 }
 
 
-def openai_finish_reason(finish_reason: str | None) -> OpenAIFinishReason:
+def openai_finish_reason(finish_reason: str | None, tool_calls: bool = False) -> OpenAIFinishReason:
     """The OpenAI name of one of our finish reasons (``oasst_shared.protocol.FinishReason``)."""
+    if tool_calls:
+        return "tool_calls"
     return _FINISH_REASONS.get(finish_reason or "", "stop")
 
 
@@ -63,20 +71,13 @@ class _GenerationRequest(_Request):
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(default=None, ge=0, le=2**64 - 1)
-    n: int | None = None
+    n: int | None = Field(default=None, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     presence_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     frequency_penalty: float | None = Field(default=None, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
-    user: str | None = None
-
-    @field_validator("n")
-    @classmethod
-    def _only_one_choice(cls, value: int | None) -> int | None:
-        if value is not None and value != 1:
-            raise ValueError("only n=1 is supported")
-        return value
+    user: str | None = Field(default=None, max_length=256)
 
     @field_validator("stop")
     @classmethod
@@ -88,18 +89,11 @@ class _GenerationRequest(_Request):
             raise ValueError("stop sequences must not be empty")
         return value
 
-    @field_validator("presence_penalty", "frequency_penalty")
-    @classmethod
-    def _no_penalties(cls, value: float | None) -> float | None:
-        if value:
-            raise ValueError("presence and frequency penalties are not supported (try repetition_penalty)")
-        return value
-
     @field_validator("logit_bias")
     @classmethod
     def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
         if value:
-            raise ValueError("logit_bias is not supported")
+            raise ValueError("logit_bias is not supported: token ids differ between the models served")
         return value
 
     @property
@@ -108,6 +102,22 @@ class _GenerationRequest(_Request):
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def choices(self) -> int:
+        return self.n or 1
+
+    def wants_logprobs(self) -> tuple[bool, int]:
+        """Whether token logprobs are asked for, and how many alternatives per token."""
+        return False, 0
+
+    def output_format(self) -> ResponseFormat | None:
+        return None
+
+    def required_capabilities(self) -> dict[str, str]:
+        """Beyond its sampling parameters' (``SamplingParameters.required_capabilities``): the worker
+        capabilities this request needs, each with the parameter that needs it."""
+        return {}
 
     def to_sampling_parameters(self, default_max_tokens: int) -> SamplingParameters:
         """Our sampling parameters; ``temperature=0`` (or ``top_p=0``) means greedy decoding.
@@ -126,6 +136,11 @@ class _GenerationRequest(_Request):
             seed=self.seed,
             stop=[self.stop] if isinstance(self.stop, str) else list(self.stop or []),
             do_sample=not greedy,
+            frequency_penalty=self.frequency_penalty or None,
+            presence_penalty=self.presence_penalty or None,
+            response_format=self.output_format(),
+            logprobs=self.wants_logprobs()[0] or None,
+            top_logprobs=self.wants_logprobs()[1] or None,
         )
 
 
@@ -138,15 +153,16 @@ class ChatMessage(_Request):
     role: str
     content: str | list[TextContentPart] | None = None
     name: str | None = None
-    tool_calls: list[Any] | None = None
+    tool_calls: list[ToolCall] | None = None
+    tool_call_id: str | None = Field(default=None, max_length=256)
 
     @field_validator("role")
     @classmethod
     def _known_role(cls, value: str) -> str:
-        if value in ("tool", "function"):
-            raise ValueError(f"role {value!r} is not supported: this server does not call tools")
-        if value not in ("system", "developer", "user", "assistant"):
-            raise ValueError(f"unknown role {value!r}: use system, developer, user or assistant")
+        if value == "function":
+            raise ValueError("role 'function' (deprecated) is not supported: use tools and role 'tool'")
+        if value not in ("system", "developer", "user", "assistant", "tool"):
+            raise ValueError(f"unknown role {value!r}: use system, developer, user, assistant or tool")
         return value
 
     @field_validator("content")
@@ -160,12 +176,13 @@ class ChatMessage(_Request):
                     raise ValueError(f"content parts of type {part.type!r} are not supported (text only)")
         return value
 
-    @field_validator("tool_calls")
-    @classmethod
-    def _no_tool_calls(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise ValueError("tool_calls are not supported: this server does not call tools")
-        return value
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only assistant messages have tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("a tool message needs the tool_call_id it answers")
+        return self
 
     @property
     def text(self) -> str:
@@ -174,54 +191,75 @@ class ChatMessage(_Request):
         return self.content or ""
 
 
-class ResponseFormat(_Request):
-    type: str
+# Fields of OpenAI's request that nothing here can honour, and why (any value but an empty one is refused).
+REFUSED_CHAT_FIELDS: dict[str, str] = {
+    "functions": "deprecated, use tools",
+    "function_call": "deprecated, use tool_choice",
+    "audio": "the models here answer with text only",
+    "prediction": "predicted outputs are not implemented",
+    "web_search_options": "this server does not search the web",
+    "reasoning_effort": "no reasoning model is served here",
+    "verbosity": "the models here have no verbosity control",
+    "moderation": "this server runs no moderation model",
+}
 
 
 class ChatCompletionRequest(_GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
     logprobs: bool | None = None
-    top_logprobs: int | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    functions: list[Any] | None = None
-    function_call: Any = None
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[ToolDefinition] | None = Field(default=None, max_length=MAX_TOOLS)
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool | None = None  # honoured: an answer makes at most one call
     response_format: ResponseFormat | None = None
+    modalities: list[str] | None = None
+    # Accepted, with no effect on the answer: bookkeeping and cache hints.
+    metadata: dict[str, str] | None = Field(default=None, max_length=16)
+    store: bool | None = None
+    service_tier: str | None = None
+    prompt_cache_key: str | None = Field(default=None, max_length=256)
+    prompt_cache_retention: str | None = Field(default=None, max_length=32)
+    prompt_cache_options: dict[str, Any] | None = None
+    safety_identifier: str | None = Field(default=None, max_length=256)
+    # Refused (REFUSED_CHAT_FIELDS).
+    functions: Any = None
+    function_call: Any = None
+    audio: Any = None
+    prediction: Any = None
+    web_search_options: Any = None
+    reasoning_effort: Any = None
+    verbosity: Any = None
+    moderation: Any = None
 
-    @field_validator("logprobs")
+    @field_validator(*REFUSED_CHAT_FIELDS)
     @classmethod
-    def _no_logprobs(cls, value: bool | None) -> bool | None:
+    def _refused(cls, value: Any, info: ValidationInfo) -> Any:
+        if value not in (None, False, {}, [], ""):
+            raise ValueError(
+                f"{info.field_name} is not supported: {REFUSED_CHAT_FIELDS[str(info.field_name)]}"
+            )
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value and any(m != "text" for m in value):
+            raise ValueError("modalities other than 'text' are not supported")
+        return value
+
+    @field_validator("store")
+    @classmethod
+    def _not_stored(cls, value: bool | None) -> bool | None:
         if value:
-            raise ValueError("logprobs are not supported")
+            raise ValueError("store is not supported: the operator's settings decide what is kept")
         return value
 
-    @field_validator("top_logprobs")
+    @field_validator("service_tier")
     @classmethod
-    def _no_top_logprobs(cls, value: int | None) -> int | None:
-        if value:
-            raise ValueError("top_logprobs is not supported")
-        return value
-
-    @field_validator("tools", "functions")
-    @classmethod
-    def _no_tools(cls, value: list[Any] | None) -> list[Any] | None:
-        if value:
-            raise ValueError("tools and functions are not supported: this server does not call tools")
-        return value
-
-    @field_validator("tool_choice", "function_call")
-    @classmethod
-    def _no_tool_choice(cls, value: Any) -> Any:
-        if value not in (None, "none", "auto"):
-            raise ValueError("tool choice is not supported: this server does not call tools")
-        return value
-
-    @field_validator("response_format")
-    @classmethod
-    def _text_format_only(cls, value: ResponseFormat | None) -> ResponseFormat | None:
-        if value is not None and value.type != "text":
-            raise ValueError(f"response_format {value.type!r} is not supported (only 'text')")
+    def _one_tier(cls, value: str | None) -> str | None:
+        if value not in (None, "auto", "default"):
+            raise ValueError("service_tier: only 'auto' and 'default' are offered")
         return value
 
     @field_validator("messages")
@@ -231,10 +269,45 @@ class ChatCompletionRequest(_GenerationRequest):
             raise ValueError("messages need at least one user or assistant message")
         if sum(len(m.text) for m in value) > MAX_PROMPT_CHARACTERS:
             raise ValueError(f"the messages exceed {MAX_PROMPT_CHARACTERS} characters")
+        called: set[str] = set()
+        for message in value:
+            called.update(call.id for call in message.tool_calls or [])
+            if message.role == "tool" and message.tool_call_id not in called:
+                raise ValueError(
+                    f"a tool message answers the call {message.tool_call_id!r}, which no earlier "
+                    "assistant message made"
+                )
         return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            names = {t.function.name for t in self.tools or []}
+            if choice.function.name not in names:
+                raise ValueError(f"tool_choice names {choice.function.name!r}, which is not among the tools")
+        elif choice == "required" and not self.tools:
+            raise ValueError("tool_choice 'required' needs tools")
+        return self
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
+
+    def wants_logprobs(self) -> tuple[bool, int]:
+        return bool(self.logprobs), self.top_logprobs or 0
+
+    def output_format(self) -> ResponseFormat | None:
+        return self.response_format
+
+    @property
+    def calls_tools(self) -> bool:
+        """Tools are offered or the conversation holds tool calls or results."""
+        return bool(self.tools) or any(m.role == "tool" or m.tool_calls for m in self.messages)
+
+    def required_capabilities(self) -> dict[str, str]:
+        return {"tools": "tools"} if self.calls_tools else {}
 
     def to_thread(self) -> tuple[str | None, list[ChatTurn]]:
         """The system prompt (the leading system/developer messages) and the turns after it."""
@@ -245,7 +318,14 @@ class ChatCompletionRequest(_GenerationRequest):
             if role == "system" and not turns:
                 system.append(message.text)
             else:
-                turns.append(ChatTurn(role=role, content=message.text))
+                turns.append(
+                    ChatTurn(
+                        role=role,
+                        content=message.text,
+                        tool_calls=message.tool_calls or None,
+                        tool_call_id=message.tool_call_id,
+                    )
+                )
         return ("\n\n".join(system) if system else None), turns
 
 
@@ -255,7 +335,9 @@ class CompletionRequest(_GenerationRequest):
     echo: bool | None = None
     best_of: int | None = None
     suffix: str | None = None
-    logprobs: int | None = None
+    logprobs: int | None = Field(default=None, ge=0, le=5)
+    # An extension (vLLM has it too): structured output for raw completions.
+    response_format: ResponseFormat | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -293,12 +375,11 @@ class CompletionRequest(_GenerationRequest):
             raise ValueError("suffix (insertion) is not supported")
         return value
 
-    @field_validator("logprobs")
-    @classmethod
-    def _no_logprobs(cls, value: int | None) -> int | None:
-        if value is not None:
-            raise ValueError("logprobs are not supported")
-        return value
+    def wants_logprobs(self) -> tuple[bool, int]:
+        return self.logprobs is not None, self.logprobs or 0
+
+    def output_format(self) -> ResponseFormat | None:
+        return self.response_format
 
     @property
     def prompt_text(self) -> str:
@@ -358,14 +439,19 @@ class UsageInfo(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCall] | None = None
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None = None
 
 
 class ChatCompletionChoice(BaseModel):
     index: int = 0
     message: AssistantMessage
     finish_reason: OpenAIFinishReason
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionResponse(BaseModel):
@@ -378,16 +464,32 @@ class ChatCompletionResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class FunctionDelta(BaseModel):
+    name: str | None = None
+    arguments: str
+
+
+class ToolCallDelta(BaseModel):
+    """A streamed piece of a tool call: the first names it (``id``, ``type``, ``function.name``), the
+    next ones carry fragments of ``function.arguments``."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: FunctionDelta
+
+
 class DeltaMessage(BaseModel):
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
 
 
 class ChatCompletionStreamChoice(BaseModel):
     index: int = 0
     delta: DeltaMessage
     finish_reason: OpenAIFinishReason | None = None
-    logprobs: None = None
+    logprobs: ChoiceLogprobs | None = None
 
 
 class ChatCompletionStreamResponse(BaseModel):
@@ -402,11 +504,31 @@ class ChatCompletionStreamResponse(BaseModel):
     system_fingerprint: str | None = None
 
 
+class CompletionLogprobs(BaseModel):
+    """The legacy completions shape: parallel lists, one entry per token."""
+
+    tokens: list[str] = Field(default_factory=list)
+    token_logprobs: list[float] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float]] = Field(default_factory=list)
+    text_offset: list[int] = Field(default_factory=list)
+
+    @classmethod
+    def of(cls, entries: list[TokenLogprob], offset: int = 0) -> CompletionLogprobs:
+        result = cls()
+        for entry in entries:
+            result.tokens.append(entry.token)
+            result.token_logprobs.append(entry.logprob)
+            result.top_logprobs.append({t.token: t.logprob for t in entry.top_logprobs})
+            result.text_offset.append(offset)
+            offset += len(entry.token)
+        return result
+
+
 class CompletionChoice(BaseModel):
     index: int = 0
     text: str
     finish_reason: OpenAIFinishReason | None = None
-    logprobs: None = None
+    logprobs: CompletionLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):

@@ -12,6 +12,12 @@ Then the server sends :class:`Work` (or :class:`EmbedWork` to embedding workers)
 :class:`TokenBatch`, protocol 2), :class:`GeneratedText`, :class:`Embeddings`, :class:`WorkerError` and
 :class:`Drain`.
 
+Protocol 3 (additive): the worker's first frame carries its :class:`WorkerCapabilities` (structured
+output, tools, log-probabilities, penalties); :class:`Work` may carry ``tools`` and ``tool_choice`` and
+its thread ``tool`` turns and assistant ``tool_calls``; :class:`Token` may carry ``logprobs`` and
+:class:`GeneratedText` ``tool_calls``. The server sends protocol 2 workers their work without the new
+fields (:func:`dump_work`) and never routes them requests that need a capability they did not report.
+
 Bump :data:`PROTOCOL_VERSION` on any change an older peer would misread; the server refuses workers
 older than :data:`MIN_SUPPORTED_PROTOCOL_VERSION` and tells them to upgrade.
 """
@@ -22,11 +28,15 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.sampling import SamplingParameters
+from oasst_shared.tool_calls import ToolCall, ToolChoice, ToolDefinition
 
 # 2 added TokenBatch; a server speaking 2 still accepts 1, whose workers send a frame per token.
-PROTOCOL_VERSION = 2
+# 3 added capabilities, tools, tool calls and logprobs; a server speaking 3 still accepts 1 and 2.
+PROTOCOL_VERSION = 3
+TOOLS_PROTOCOL_VERSION = 3
 MIN_SUPPORTED_PROTOCOL_VERSION = 1
 
 API_KEY_HEADER = "X-API-Key"
@@ -40,7 +50,7 @@ CLOSE_UNAUTHORIZED = 4001
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled"]
 BackendKind = Literal["tgi", "openai", "cpu", "embedding", "fake"]
-Role = Literal["system", "user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]
 
 
 class ProtocolError(ValueError):
@@ -60,10 +70,63 @@ class Hardware(BaseModel):
 
 
 class ChatTurn(BaseModel):
-    """One turn of the conversation a worker renders into a prompt."""
+    """One turn of the conversation a worker renders into a prompt.
+
+    Protocol 3: an assistant turn may carry the ``tool_calls`` it made, and a ``tool`` turn is the result
+    of the call ``tool_call_id``.
+    """
 
     role: Role = Field(description="Who said it.")
     content: str = Field(description="What was said.")
+    tool_calls: list[ToolCall] | None = Field(
+        None, description="Protocol 3: the calls an assistant turn made."
+    )
+    tool_call_id: str | None = Field(
+        None, description="Protocol 3: for a `tool` turn, the call whose result it is."
+    )
+
+
+class WorkerCapabilities(BaseModel):
+    """What a worker's backend can honour beyond plain sampling (protocol 3; older workers: nothing).
+
+    The server refuses a request that needs a capability some worker of the model lacks, rather than
+    have that worker silently answer a different question.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+    structured_output: bool = Field(
+        False, description="`response_format` is enforced: the answer is constrained to the JSON schema."
+    )
+    tools: bool = Field(False, description="The backend takes `tools`, `tool_choice` and tool turns.")
+    logprobs: bool = Field(False, description="The backend returns token log-probabilities.")
+    max_top_logprobs: int = Field(
+        default=0, ge=0, description="Most alternatives per token the backend returns."
+    )
+    frequency_penalty: bool = Field(False, description="The backend takes a frequency penalty.")
+    presence_penalty: bool = Field(False, description="The backend takes a presence penalty.")
+    unenforced_schema_keywords: list[str] = Field(
+        default_factory=list,
+        description="JSON-schema keywords the backend's grammar does not enforce "
+        "(see oasst_shared.schema_keywords).",
+    )
+
+    @classmethod
+    def common(cls, all_capabilities: list[WorkerCapabilities]) -> WorkerCapabilities:
+        """What every one of several workers can do."""
+        if not all_capabilities:
+            return cls()
+        return cls(
+            structured_output=all(c.structured_output for c in all_capabilities),
+            tools=all(c.tools for c in all_capabilities),
+            logprobs=all(c.logprobs for c in all_capabilities),
+            max_top_logprobs=min(c.max_top_logprobs for c in all_capabilities),
+            frequency_penalty=all(c.frequency_penalty for c in all_capabilities),
+            presence_penalty=all(c.presence_penalty for c in all_capabilities),
+            unenforced_schema_keywords=sorted(
+                {k for c in all_capabilities for k in c.unenforced_schema_keywords}
+            ),
+        )
 
 
 # ---------------------------------------------------------------- worker -> server
@@ -86,6 +149,10 @@ class WorkerInfo(_Frame):
     worker_version: str = Field("unknown", description="The worker package's version, for the operator.")
     hardware: Hardware = Field(
         default_factory=Hardware, description="What the worker runs on, for the operator."
+    )
+    capabilities: WorkerCapabilities = Field(
+        default_factory=WorkerCapabilities,
+        description="Protocol 3: what the backend can honour beyond plain sampling.",
     )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
@@ -114,6 +181,11 @@ class Token(_Frame):
     )
     token_id: int | None = Field(None, description="The backend's token id, where known.")
     logprob: float | None = Field(None, description="The token's log-probability, where known.")
+    logprobs: list[TokenLogprob] | None = Field(
+        None,
+        description="Protocol 3, when the work asked for logprobs: the backend tokens whose text this frame "
+        "carries (a stop-sequence hold-back may release several at once, or text a later frame completes).",
+    )
 
 
 class TokenBatch(_Frame):
@@ -138,6 +210,11 @@ class GeneratedText(_Frame):
     generated_tokens: int = Field(ge=0, description="Tokens generated.")
     prompt_tokens: int | None = Field(
         default=None, ge=0, description="Tokens in the rendered prompt, where the backend can count them."
+    )
+    tool_calls: list[ToolCall] | None = Field(
+        None,
+        description="Protocol 3: the answer is these calls (its text is then empty); their JSON arguments "
+        "match the called tool's parameters where the backend constrained them.",
     )
 
 
@@ -202,6 +279,27 @@ class Work(_Frame):
         ge=1,
         description="1 for the first try; higher when the message is retried after a lost worker or a retryable error.",
     )
+    tools: list[ToolDefinition] | None = Field(
+        None, description="Protocol 3: the tools the answer may call (see oasst_shared.tool_calls)."
+    )
+    tool_choice: ToolChoice | None = Field(
+        None,
+        description="Protocol 3: `none`, `auto`, `required` or a named function (OpenAI's `tool_choice`).",
+    )
+
+    @property
+    def needs_protocol_3(self) -> bool:
+        return bool(self.tools) or any(t.role == "tool" or t.tool_calls for t in self.thread)
+
+
+_PROTOCOL_3_WORK_FIELDS = {"tools", "tool_choice"}
+
+
+def dump_work(work: Work, protocol_version: int) -> str:
+    """The work frame as a worker speaking ``protocol_version`` reads it (older ones forbid new fields)."""
+    if protocol_version >= TOOLS_PROTOCOL_VERSION:
+        return dump_frame(work)
+    return work.model_dump_json(by_alias=True, exclude=_PROTOCOL_3_WORK_FIELDS)
 
 
 class EmbedWork(_Frame):

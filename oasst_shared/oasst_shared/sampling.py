@@ -6,9 +6,73 @@ validation here is never refused by the backend for its parameters.
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from oasst_shared.logprobs import MAX_TOP_LOGPROBS
+from oasst_shared.tool_calls import check_schema_size
 
 MAX_STOP_SEQUENCES = 4  # TGI's default limit
+
+
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's ``response_format.json_schema``: a named JSON schema the answer must match."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True, serialize_by_alias=True)
+
+    name: str = Field(
+        default="response",
+        min_length=1,
+        max_length=64,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="The schema's name (letters, digits, `_`, `-`).",
+    )
+    description: str | None = Field(default=None, max_length=8192, description="What the answer is for.")
+    schema_: dict[str, Any] = Field(
+        default_factory=dict, alias="schema", description="The JSON schema the answer must match."
+    )
+    strict: bool | None = Field(
+        None,
+        description="Accepted as OpenAI has it; answers always match the schema where it is enforced.",
+    )
+
+    @field_validator("schema_")
+    @classmethod
+    def _bounded(cls, value: dict[str, Any]) -> dict[str, Any]:
+        return check_schema_size(value)
+
+
+class ResponseFormat(BaseModel):
+    """Structured output, as OpenAI's ``response_format``: free ``text``, any JSON object
+    (``json_object``), or JSON matching a schema (``json_schema``)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["text", "json_object", "json_schema"] = Field(
+        "text", description="`text` (free), `json_object` (any JSON object) or `json_schema`."
+    )
+    json_schema: JsonSchemaFormat | None = Field(
+        None, description="With `type` `json_schema`: the named schema."
+    )
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise ValueError("response_format of type json_schema needs a json_schema")
+        return self
+
+    def constraint(self) -> dict[str, Any] | None:
+        """The JSON schema every answer must match; None for free text."""
+        if self.type == "json_object":
+            return {"type": "object"}
+        if self.type == "json_schema":
+            return (
+                self.json_schema.schema_
+                if self.json_schema and self.json_schema.schema_
+                else {"type": "object"}
+            )
+        return None
 
 
 class SamplingParameters(BaseModel):
@@ -42,6 +106,22 @@ class SamplingParameters(BaseModel):
     do_sample: bool | None = Field(
         None, description="False forces greedy decoding; null leaves it to the other parameters."
     )
+    # Protocol 3: workers without the matching capability (WorkerCapabilities) are never asked for these.
+    frequency_penalty: float | None = Field(
+        default=None, ge=-2.0, le=2.0, description="OpenAI's frequency penalty; needs the worker capability."
+    )
+    presence_penalty: float | None = Field(
+        default=None, ge=-2.0, le=2.0, description="OpenAI's presence penalty; needs the worker capability."
+    )
+    response_format: ResponseFormat | None = Field(
+        None, description="Structured output: the answer must match this JSON schema."
+    )
+    logprobs: bool | None = Field(
+        None, description="Send each token's log-probability with its text (token frames, events)."
+    )
+    top_logprobs: int | None = Field(
+        default=None, ge=0, le=MAX_TOP_LOGPROBS, description="Alternatives per token sent with `logprobs`."
+    )
 
     @field_validator("stop")
     @classmethod
@@ -49,6 +129,25 @@ class SamplingParameters(BaseModel):
         if any(not s for s in value):
             raise ValueError("stop sequences must not be empty strings")
         return value
+
+    def required_capabilities(self) -> dict[str, str]:
+        """The worker capabilities (``WorkerCapabilities`` fields) these parameters need, each with the
+        parameter that needs it: a worker without one would silently answer a different question."""
+        needed: dict[str, str] = {}
+        if self.frequency_penalty:
+            needed["frequency_penalty"] = "frequency_penalty"
+        if self.presence_penalty:
+            needed["presence_penalty"] = "presence_penalty"
+        if self.logprobs:
+            needed["logprobs"] = "logprobs"
+        if self.output_schema is not None:
+            needed["structured_output"] = "response_format"
+        return needed
+
+    @property
+    def output_schema(self) -> dict[str, Any] | None:
+        """The JSON schema the answer must match (structured output), or None."""
+        return self.response_format.constraint() if self.response_format else None
 
     @property
     def is_greedy(self) -> bool:

@@ -12,8 +12,10 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ParameterConfig
 from oasst_shared.sampling import SamplingParameters
+from oasst_shared.tool_calls import ToolCall
 
 MAX_MESSAGE_LENGTH = 32_000
 
@@ -81,6 +83,8 @@ class MessageRead(BaseModel):
     prompt_tokens: int | None = None
     attempts: int = 0
     work_parameters: dict[str, object] | None = None
+    # The calls the answer made instead of text (OpenAI-compatible requests with tools).
+    tool_calls: list[ToolCall] | None = None
 
 
 class ChatListRead(BaseModel):
@@ -116,6 +120,64 @@ class ModelConfigInfo(BaseModel):
     worker_count: int = 0
 
 
+class PluginApiType(BaseModel):
+    type: str
+    url: str
+    has_user_authentication: bool | None = False
+    is_user_authenticated: bool | None = False
+
+
+class PluginAuthType(BaseModel):
+    type: str
+
+
+class PluginOpenAPIParameter(BaseModel):
+    name: str
+    in_: str
+    description: str
+    required: bool
+    schema_: object
+
+
+class PluginOpenAPIEndpoint(BaseModel):
+    path: str
+    type: str
+    summary: str
+    operation_id: str
+    url: str
+    params: list[PluginOpenAPIParameter]
+    payload: dict[str, object] | None = None
+
+
+class PluginConfig(BaseModel):
+    """An OpenAI-style ``ai-plugin.json``, as the original web frontend reads it."""
+
+    schema_version: str
+    name_for_model: str
+    name_for_human: str
+    description_for_human: str
+    description_for_model: str
+    api: PluginApiType
+    auth: PluginAuthType
+    logo_url: str | None = None
+    contact_email: str | None = None
+    legal_info_url: str | None = None
+    endpoints: list[PluginOpenAPIEndpoint] | None = None
+
+
+class PluginEntry(BaseModel):
+    """The original system's plugin entry (``/configs/builtin_plugins``, ``/configs/plugin_config``).
+
+    This server runs no plugins (tools are OpenAI tool calls on ``/v1/chat/completions``): it lists none
+    and fetches no plugin URL, so ``plugin_config`` stays empty and ``enabled`` false.
+    """
+
+    url: str = Field(max_length=2048)
+    enabled: bool = True
+    plugin_config: PluginConfig | None = None
+    trusted: bool | None = False
+
+
 class TokenPair(BaseModel):
     access_token: str
     token_type: Literal["bearer"] = "bearer"
@@ -146,6 +208,8 @@ class PendingEvent(BaseModel):
 class TokenEvent(BaseModel):
     event_type: Literal["token"] = "token"
     text: str
+    # With sampling_parameters.logprobs: the tokens this text was made of, with their log-probabilities.
+    logprobs: list[TokenLogprob] | None = None
 
 
 class RetryEvent(BaseModel):

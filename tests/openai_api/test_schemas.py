@@ -72,17 +72,22 @@ def test_leading_system_messages_become_the_system_prompt() -> None:
 @pytest.mark.parametrize(
     ("fields", "param"),
     [
-        ({"n": 3}, "n"),
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"n": 9}, "n"),
+        ({"top_logprobs": 21}, "top_logprobs"),
         ({"tools": [{"type": "function"}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "a b"}}]}, "tools"),
+        ({"tool_choice": "sometimes"}, "tool_choice"),
         ({"response_format": {"type": "json_schema"}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format"),
         ({"logit_bias": {"1": 2}}, "logit_bias"),
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"audio": {"voice": "alloy"}}, "audio"),
+        ({"store": True}, "store"),
+        ({"frequency_penalty": 2.5}, "frequency_penalty"),
         ({"stop": ["a", ""]}, "stop"),
         ({"seed": -1}, "seed"),
         ({"messages": [{"role": "tool", "content": "x"}]}, "messages"),
+        ({"messages": [{"role": "function", "content": "x"}]}, "messages"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages"),
     ],
 )
@@ -90,6 +95,25 @@ def test_unsupported_options_are_refused_naming_the_parameter(fields: dict, para
     with pytest.raises(ValidationError) as caught:
         chat(**fields)
     assert caught.value.errors()[0]["loc"][0] == param
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"tool_choice": "required"}, "tool_choice"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "f"}}],
+                "tool_choice": {"function": {"name": "g"}},
+            },
+            "tool_choice",
+        ),
+    ],
+)
+def test_inconsistent_options_are_refused_naming_the_parameter(fields: dict, named: str) -> None:
+    with pytest.raises(ValidationError, match=named):
+        chat(**fields)
 
 
 def test_harmless_options_and_unknown_fields_are_accepted() -> None:

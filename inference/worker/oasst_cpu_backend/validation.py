@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 
 from llama_cpp.llama_grammar import json_schema_to_gbnf
@@ -80,9 +81,18 @@ def grammar_to_gbnf(params: GenerateParameters) -> str | None:
         raise InvalidRequest("grammar of type `regex` is not supported by this backend; use `json`")
     schema = grammar.value if isinstance(grammar.value, str) else json.dumps(grammar.value)
     try:
-        return json_schema_to_gbnf(schema)
+        gbnf = json_schema_to_gbnf(schema)
     except Exception as error:  # the converter raises many kinds of errors for bad schemas
         raise InvalidRequest(f"invalid JSON schema in `grammar`: {error}") from error
+    return _JSON_CHAR_RULE.sub(lambda _: _STRICT_JSON_CHAR, gbnf)
+
+
+# llama-cpp-python's converter lets a string hold raw control characters (a newline), which JSON forbids:
+# an answer with one would not parse. Its rule, with them excluded (as llama.cpp's own converter does).
+_JSON_CHAR_RULE = re.compile(r"^char ::= .*$", re.M)
+_STRICT_JSON_CHAR = (
+    r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
+)
 
 
 def to_sampling(params: GenerateParameters, gbnf: str | None) -> Sampling:

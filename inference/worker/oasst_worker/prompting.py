@@ -1,14 +1,26 @@
-"""Turn a job's conversation into the prompt text the backend completes."""
+"""Turn a job's conversation into the prompt text the backend completes.
+
+Tools: a chat template that renders ``tools`` gets them (and the turns' ``tool_calls``) as they are;
+with any other template the tools are described in the system prompt, a call in the history is
+written as the JSON the model is asked to answer with, and a tool's result becomes a user turn.
+"""
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 
 from loguru import logger
 
-from oasst_shared.chat_template import CHATML_TEMPLATE, approximate_token_count, render_truncated
+from oasst_shared.chat_template import (
+    CHATML_TEMPLATE,
+    approximate_token_count,
+    render_truncated,
+    template_takes_tools,
+)
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import ChatTurn, Work
+from oasst_shared.tool_calls import ToolDefinition
 from oasst_worker.backends.protocols import GenerationBackend
 
 
@@ -55,14 +67,26 @@ class PromptBuilder:
     async def build(self, work: Work) -> Prompt:
         if work.raw_prompt is not None:
             return Prompt(work.raw_prompt, await self.count_tokens(work.raw_prompt))
+        thread, system_prompt, tools = list(work.thread), work.system_prompt, None
+        offered = work.tools if work.tools and work.tool_choice != "none" else None
+        if self._backend.takes_messages:
+            pass  # the backend renders the tools itself; the ChatML rendering only sizes the prompt
+        elif offered and template_takes_tools(self.template):
+            tools = [t.model_dump(mode="json", exclude_none=True) for t in offered]
+        elif offered or any(t.role == "tool" or t.tool_calls for t in thread):
+            thread = [_as_text(t) for t in thread]
+            if offered:
+                listing = tools_prompt(offered)
+                system_prompt = f"{system_prompt}\n\n{listing}" if system_prompt else listing
         rendered = await render_truncated(
             self.template,
-            work.thread,
+            thread,
             max_input_tokens=self._config.max_input_length,
             count_tokens=self.count_tokens,
-            system_prompt=work.system_prompt,
+            system_prompt=system_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
+            tools=tools,
         )
         if rendered.dropped_turns:
             logger.info("message {}: dropped {} old turns to fit", work.message_id, rendered.dropped_turns)
@@ -80,3 +104,26 @@ def _kept_messages(work: Work, dropped_turns: int) -> list[ChatTurn]:
         system = f"{system}\n\n{leading}" if system else leading
     head = [ChatTurn(role="system", content=system)] if system else []
     return head + turns[dropped_turns:]
+
+
+def tools_prompt(tools: list[ToolDefinition]) -> str:
+    """The tools, described for a model whose chat template does not render them."""
+    listing = "\n".join(json.dumps(t.model_dump(mode="json", exclude_none=True)) for t in tools)
+    return (
+        "You can call the following tools. To call one, answer with only a JSON object "
+        '{"name": <the tool name>, "arguments": <the arguments as a JSON object>}.\n'
+        f"<tools>\n{listing}\n</tools>"
+    )
+
+
+def _as_text(turn: ChatTurn) -> ChatTurn:
+    """A tool turn, or an assistant turn that called tools, as plain text for a template without tools."""
+    if turn.role == "tool":
+        return ChatTurn(role="user", content=f"<tool_response>\n{turn.content}\n</tool_response>")
+    if turn.tool_calls:
+        calls = "\n".join(
+            f'{{"name": {json.dumps(c.function.name)}, "arguments": {c.function.arguments or "{}"}}}'
+            for c in turn.tool_calls
+        )
+        return ChatTurn(role=turn.role, content=f"{turn.content}\n{calls}".strip())
+    return turn

@@ -45,6 +45,18 @@ class WorkerSettings(BaseSettings):
         "servers do not expose theirs); `chat` streams /v1/chat/completions with the conversation and "
         "lets the backend apply its own template.",
     )
+    openai_response_format: Literal["openai", "llama-cpp-python"] = Field(
+        default="openai",
+        description="openai only: how `response_format` with a JSON schema is sent. `openai`: as OpenAI "
+        "(`json_schema`; vLLM, SGLang, the llama.cpp server); `llama-cpp-python`: that server's own "
+        '`{"type": "json_object", "schema": ...}`.',
+    )
+    structured_output: bool = Field(
+        default=True,
+        description="tgi only: the backend takes TGI's `grammar` parameter (TGI 1.4.3 and later, the bundled "
+        "CPU backend), used for `response_format` and to keep tool calls valid; `false` for an older TGI: "
+        "the server then refuses structured output and tools for this worker's model.",
+    )
     embedding_model_path: str | None = Field(
         default=None,
         description="embedding only: a sentence-transformers model folder; default: the all-MiniLM-L6-v2 "

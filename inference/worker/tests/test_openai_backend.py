@@ -21,8 +21,22 @@ import pytest
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import ChatTurn, Work
 from oasst_shared.sampling import SamplingParameters
-from oasst_worker.backends.openai import OpenAiBackend, finish_reason, openai_parameters, status_error
-from oasst_worker.backends.openai_wire import ChunkChoice, CompletionChunk, ServedModel, ServedModelList
+from oasst_worker.backends.openai import (
+    OpenAiBackend,
+    _logprob_entries,
+    _ToolCallAssembler,
+    finish_reason,
+    openai_parameters,
+    status_error,
+)
+from oasst_worker.backends.openai_wire import (
+    ChunkChoice,
+    ChunkLogprobs,
+    CompletionChunk,
+    ServedModel,
+    ServedModelList,
+    ToolCallDelta,
+)
 from oasst_worker.backends.records import BackendError, GenerationResult, StreamedToken
 from oasst_worker.prompting import PromptBuilder
 from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
@@ -90,6 +104,74 @@ def test_sampling_parameters_map_onto_the_openai_fields() -> None:
     }
     # top_p 1 means "off"; unset fields stay unset (the server's defaults apply).
     assert openai_parameters(SamplingParameters(top_p=1.0), 5) == {"max_tokens": 5}
+
+
+def test_structured_output_logprobs_and_penalties_are_passed_through() -> None:
+    params = SamplingParameters(
+        logprobs=True,
+        top_logprobs=3,
+        presence_penalty=0.5,
+        frequency_penalty=0.25,
+        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+    )
+    chat = openai_parameters(params, 8, chat=True)
+    assert chat["logprobs"] is True and chat["top_logprobs"] == 3
+    assert chat["presence_penalty"] == 0.5 and chat["frequency_penalty"] == 0.25
+    assert chat["response_format"] == {
+        "type": "json_schema",
+        "json_schema": {"name": "x", "schema": {"type": "object"}},
+    }
+    llama = openai_parameters(params, 8, chat=True, response_format_style="llama-cpp-python")
+    assert llama["response_format"] == {"type": "json_object", "schema": {"type": "object"}}
+    completions = openai_parameters(params, 8)
+    assert completions["logprobs"] == 3 and "response_format" not in completions
+
+
+def test_streamed_tool_call_fragments_and_logprobs_are_read() -> None:
+    assembler = _ToolCallAssembler()
+    for delta in (
+        {
+            "index": 0,
+            "id": "call_1",
+            "type": "function",
+            "function": {"name": "get_weather", "arguments": ""},
+        },
+        {"index": 0, "function": {"arguments": '{"city": '}},
+        {"index": 0, "function": {"arguments": '"Oslo"}'}},
+    ):
+        assembler.add([ToolCallDelta.model_validate(delta)])
+    (call,) = assembler.result() or []
+    assert (call.id, call.function.name, call.function.arguments) == (
+        "call_1",
+        "get_weather",
+        '{"city": "Oslo"}',
+    )
+    assert _ToolCallAssembler().result() is None
+    chat = ChunkLogprobs.model_validate(
+        {
+            "content": [
+                {
+                    "token": "Hi",
+                    "logprob": -0.5,
+                    "bytes": None,
+                    "top_logprobs": [{"token": "Hi", "logprob": -0.5}],
+                }
+            ]
+        }
+    )
+    (entry,) = _logprob_entries(chat)
+    assert entry.bytes == [72, 105] and entry.top_logprobs[0].token == "Hi"
+    legacy = ChunkLogprobs.model_validate(
+        {
+            "tokens": ["a", "b"],
+            "token_logprobs": [-1.0, -2.0],
+            "top_logprobs": [{"a": -1.0}, {"b": -2.0, "c": -3.0}],
+        }
+    )
+    assert [(e.token, e.logprob, len(e.top_logprobs)) for e in _logprob_entries(legacy)] == [
+        ("a", -1.0, 1),
+        ("b", -2.0, 2),
+    ]
 
 
 @pytest.mark.parametrize(

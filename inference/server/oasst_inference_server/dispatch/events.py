@@ -25,9 +25,12 @@ def worker_command_channel(session_id: str) -> str:
     return f"worker-commands:{session_id}"
 
 
-def token_event(text: str) -> str:
+def token_event(text: str, logprobs: list[dict[str, object]] | None = None) -> str:
     # The hot path: one small dict, one json.dumps, no pydantic.
-    return json.dumps({"event_type": "token", "text": text}, ensure_ascii=False, separators=(",", ":"))
+    event: dict[str, object] = {"event_type": "token", "text": text}
+    if logprobs:
+        event["logprobs"] = logprobs
+    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
 
 
 def pending_event(queue_position: int, queue_size: int) -> str:

@@ -42,12 +42,12 @@ class TokenRelay:
         self._room.set()
         self.lost = 0  # tokens a broker error kept from live readers
 
-    async def add(self, message_id: str, text: str) -> None:
+    async def add(self, message_id: str, text: str, logprobs: list[dict[str, object]] | None = None) -> None:
         """Queue one token of ``message_id`` for its stream; waits only while the backlog is full."""
         while len(self._pending) >= self._max_pending:
             self._room.clear()
             await self._room.wait()
-        self._pending.append((events.stream_name(message_id), events.token_event(text)))
+        self._pending.append((events.stream_name(message_id), events.token_event(text, logprobs)))
         self._idle.clear()
         self._wakeup.set()
 

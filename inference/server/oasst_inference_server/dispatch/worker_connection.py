@@ -35,6 +35,7 @@ from oasst_shared.protocol import (
     CLOSE_GOING_AWAY,
     CLOSE_POLICY_VIOLATION,
     CLOSE_UNAUTHORIZED,
+    PROTOCOL_VERSION,
     Cancel,
     Drain,
     Embeddings,
@@ -44,9 +45,11 @@ from oasst_shared.protocol import (
     ProtocolError,
     Token,
     TokenBatch,
+    Work,
     WorkerError,
     WorkerInfo,
     dump_frame,
+    dump_work,
     parse_server_frame,
     parse_worker_frame,
 )
@@ -71,9 +74,11 @@ class WorkerConnection:
         settings: Settings,
         broker: Broker,
         lifecycle: MessageLifecycle,
+        protocol_version: int = PROTOCOL_VERSION,
     ):
         self.websocket = websocket
         self.info = info
+        self.protocol_version = protocol_version
         self.session_id = f"ws-{uuid.uuid4().hex[:20]}"
         self.model_name = info.model_config_.name
         self._settings = settings
@@ -249,7 +254,8 @@ class WorkerConnection:
     async def _on_token(self, token: Token) -> None:
         if token.message_id in self.in_flight:  # else late, after a cancel or a lost lease: dropped
             self._count_token(token.message_id)
-            await self._relay.add(token.message_id, token.text)
+            logprobs = [e.model_dump(mode="json") for e in token.logprobs] if token.logprobs else None
+            await self._relay.add(token.message_id, token.text, logprobs)
 
     async def _on_pong(self, pong: Pong) -> None:
         was_healthy = self.backend_healthy
@@ -300,8 +306,9 @@ class WorkerConnection:
                 metrics.TOKENS_PER_SECOND.labels(self.model_name).observe((generated_tokens - 1) / elapsed)
 
     async def _send(self, frame: BaseModel) -> None:
+        text = dump_work(frame, self.protocol_version) if isinstance(frame, Work) else dump_frame(frame)
         async with self._send_lock:
-            await self.websocket.send_text(dump_frame(frame))
+            await self.websocket.send_text(text)
 
     async def _publish_session(self) -> None:
         data = {
@@ -313,6 +320,7 @@ class WorkerConnection:
             "backend_healthy": self.backend_healthy,
             "draining": self.draining,
             "worker_version": self.info.worker_version,
+            "capabilities": self.info.capabilities.model_dump(mode="json"),
             "connected_at": self.connected_at,
         }
         record = WorkerSessionRecord(self.session_id, self.model_name, json.dumps(data))

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oasst_inference_server.broker import Broker
 from oasst_shared.model_configs import MODEL_CONFIGS, ModelConfig
+from oasst_shared.protocol import WorkerCapabilities
 
 
 @dataclass
@@ -14,6 +15,8 @@ class LiveModel:
     config: ModelConfig
     worker_count: int = 0
     free_slots: int = 0
+    # What every connected worker of the model can do: any of them may take a request.
+    capabilities: WorkerCapabilities = field(default_factory=WorkerCapabilities)
 
 
 @dataclass
@@ -23,6 +26,7 @@ class WorkerRegistry:
     async def live_models(self) -> dict[str, LiveModel]:
         """Models with at least one connected worker on any replica."""
         models: dict[str, LiveModel] = {}
+        capabilities: dict[str, list[WorkerCapabilities]] = {}
         for record in await self.broker.list_worker_sessions():
             try:
                 data = json.loads(record.data)
@@ -32,6 +36,11 @@ class WorkerRegistry:
             live = models.setdefault(config.name, LiveModel(config=config))
             live.worker_count += 1
             live.free_slots += int(data.get("free_slots", 0))
+            capabilities.setdefault(config.name, []).append(
+                WorkerCapabilities.model_validate(data.get("capabilities") or {})
+            )
+        for name, each in capabilities.items():
+            models[name].capabilities = WorkerCapabilities.common(each)
         return models
 
     @staticmethod

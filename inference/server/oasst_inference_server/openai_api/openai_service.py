@@ -46,6 +46,7 @@ from oasst_shared.model_configs import ModelKind
 from oasst_shared.protocol import ChatTurn
 from oasst_shared.sampling import SamplingParameters
 from oasst_shared.schemas import MessageRead, MessageState, Role
+from oasst_shared.tool_calls import ToolChoice, ToolDefinition
 
 IsDisconnected = Callable[[], Awaitable[bool]]
 
@@ -123,14 +124,17 @@ class OpenAIService:
         sampling: SamplingParameters,
         system_prompt: str | None,
         thread: list[ChatTurn],
+        tools: list[ToolDefinition] | None = None,
+        tool_choice: ToolChoice | None = None,
     ) -> DbMessage:
+        payload: dict[str, Any] = {"thread": [t.model_dump(mode="json", exclude_none=True) for t in thread]}
+        if tools:
+            payload["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in tools]
+            payload["tool_choice"] = (
+                tool_choice if isinstance(tool_choice, str | None) else tool_choice.model_dump(mode="json")
+            )
         message = self._new_message(
-            caller,
-            "completion",
-            model,
-            sampling,
-            {"thread": [t.model_dump() for t in thread]},
-            system_prompt=system_prompt,
+            caller, "completion", model, sampling, payload, system_prompt=system_prompt
         )
         return await self._enqueue(session, message, thread)
 
@@ -182,8 +186,8 @@ class OpenAIService:
         session.add(chat)
         parent_id: str | None = None
         for turn in thread:
-            if turn.role == "system":
-                continue  # a system turn inside the thread has no place in a chat; the request keeps it
+            if turn.role in ("system", "tool"):
+                continue  # no place in a chat for these turns; the request keeps them
             prompter = turn.role == "user"
             stored = DbMessage(
                 chat_id=chat.id,
@@ -234,14 +238,27 @@ class OpenAIService:
             async for batch in batches:
                 yield [json.loads(entry["data"]) for entry in batch]
 
-    async def wait(self, message: DbMessage, is_disconnected: IsDisconnected) -> MessageRead:
-        """Wait for the finished message; raise the failure as an ``ApiError``, or ``ClientGone``."""
+    async def wait(
+        self,
+        message: DbMessage,
+        is_disconnected: IsDisconnected,
+        logprobs: list[dict[str, Any]] | None = None,
+    ) -> MessageRead:
+        """Wait for the finished message; raise the failure as an ``ApiError``, or ``ClientGone``.
+
+        ``logprobs``, if given, receives the token logprobs of the answer's token events.
+        """
         finished = False
         try:
             async with aclosing(self.events(message.id, is_disconnected)) as batches:
                 async for batch in batches:
                     for event in batch:
                         kind = event["event_type"]
+                        if logprobs is not None:
+                            if kind == "token":
+                                logprobs.extend(event.get("logprobs") or [])
+                            elif kind == "retry":
+                                logprobs.clear()  # the tokens before a retry are discarded
                         if kind == "message":
                             finished = True
                             return MessageRead.model_validate(event["message"])

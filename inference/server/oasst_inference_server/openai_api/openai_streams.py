@@ -3,10 +3,11 @@
 Translation of the message events:
 
 * ``pending``  -> an SSE comment (keeps proxies and clients from timing out while queued);
-* ``token``    -> a chunk with the text;
+* ``token``    -> a chunk with the text (and its tokens' logprobs, when asked for);
 * ``retry``    -> nothing while no text was sent; after text was sent it cannot be taken back, so the
   stream ends with an error chunk (and the regeneration is cancelled);
-* ``message``  -> a chunk with the finish reason, then (``stream_options.include_usage``) a chunk
+* ``message``  -> for an answer that called tools, chunks with the ``tool_calls`` deltas (each call
+  named in one, its arguments in fragments after it); a chunk with the finish reason, then (``stream_options.include_usage``) a chunk
   with the usage and no choices;
 * ``error``    -> an error chunk ``{"error": {...}}``, which the OpenAI SDKs raise as ``APIError``.
 
@@ -16,6 +17,7 @@ at its worker (:meth:`OpenAIService.settle`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator
@@ -28,19 +30,25 @@ from starlette.types import Receive, Scope, Send
 
 from oasst_inference_server.db.models import DbMessage
 from oasst_inference_server.openai_api.openai_service import IsDisconnected, OpenAIService, generation_failure
+from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.openai_schemas import (
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
+    ChoiceLogprobs,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionStreamResponse,
     DeltaMessage,
     ErrorInfo,
     ErrorResponse,
+    FunctionDelta,
     OpenAIFinishReason,
+    ToolCallDelta,
     UsageInfo,
     openai_finish_reason,
 )
 from oasst_shared.schemas import MessageRead
+from oasst_shared.tool_calls import ToolCall
 
 DONE = "data: [DONE]\n\n"
 _PENDING_COMMENT = ": pending\n\n"
@@ -55,6 +63,7 @@ def error_chunk(message: str, code: str, error_type: str = "server_error") -> st
 
 
 _SLOT = "\x00text\x00"  # stands for the text in a stream's text chunk template
+_ARGUMENT_FRAGMENT = 24  # characters of a tool call's arguments per streamed delta
 
 
 def _json_string(text: str) -> str:
@@ -69,22 +78,35 @@ class _Chunks:
     id: str
     created: int
     model: str
+    index: int = 0  # of the choice, with n > 1
 
     def __post_init__(self) -> None:
+        self._offset = 0  # characters of text sent so far
         text_chunk = self._chunk([self._choice(_SLOT, None)])
         self._text_head, _, self._text_tail = text_chunk.rpartition(_json_string(_SLOT))
 
     def _chunk(self, choices: list[Any], usage: UsageInfo | None = None) -> str:
         raise NotImplementedError
 
-    def _choice(self, text: str | None, reason: OpenAIFinishReason | None) -> Any:
+    def _choice(
+        self, text: str | None, reason: OpenAIFinishReason | None, logprobs: list[TokenLogprob] | None = None
+    ) -> Any:
         raise NotImplementedError
 
     def start(self) -> str | None:
         return None
 
-    def text(self, text: str) -> str:
-        return f"{self._text_head}{_json_string(text)}{self._text_tail}"
+    def text(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> str:
+        if logprobs:  # built in full: the template has no logprobs
+            entries = [TokenLogprob.model_validate(e) for e in logprobs]
+            chunk = self._chunk([self._choice(text, None, entries)])
+        else:
+            chunk = f"{self._text_head}{_json_string(text)}{self._text_tail}"
+        self._offset += len(text)
+        return chunk
+
+    def tool_calls(self, calls: list[ToolCall]) -> list[str]:
+        return []
 
     def finish(self, reason: OpenAIFinishReason) -> str:
         return self._chunk([self._choice(None, reason)])
@@ -100,13 +122,49 @@ class ChatChunks(_Chunks):
         ).model_dump(mode="json")
         for choice in chunk["choices"]:  # OpenAI sends only the delta fields that are set
             choice["delta"] = {k: v for k, v in choice["delta"].items() if v is not None}
+            for call in choice["delta"].get("tool_calls") or []:
+                for key in [k for k, v in call.items() if v is None]:
+                    del call[key]
+                call["function"] = {k: v for k, v in call["function"].items() if v is not None}
         return sse(chunk)
 
-    def _choice(self, text: str | None, reason: OpenAIFinishReason | None) -> ChatCompletionStreamChoice:
-        return ChatCompletionStreamChoice(delta=DeltaMessage(content=text), finish_reason=reason)
+    def _choice(
+        self, text: str | None, reason: OpenAIFinishReason | None, logprobs: list[TokenLogprob] | None = None
+    ) -> ChatCompletionStreamChoice:
+        return ChatCompletionStreamChoice(
+            index=self.index,
+            delta=DeltaMessage(content=text),
+            finish_reason=reason,
+            logprobs=ChoiceLogprobs(content=logprobs) if logprobs is not None else None,
+        )
+
+    def tool_calls(self, calls: list[ToolCall]) -> list[str]:
+        """OpenAI's contract: per call, a delta with its index, id, type and name (empty arguments), then
+        deltas with fragments of its arguments."""
+        out: list[str] = []
+        for index, call in enumerate(calls):
+            head = ToolCallDelta(
+                index=index,
+                id=call.id,
+                type="function",
+                function=FunctionDelta(name=call.function.name, arguments=""),
+            )
+            out.append(self._tool_chunk(head))
+            arguments = call.function.arguments
+            for start in range(0, len(arguments), _ARGUMENT_FRAGMENT):
+                fragment = arguments[start : start + _ARGUMENT_FRAGMENT]
+                out.append(
+                    self._tool_chunk(ToolCallDelta(index=index, function=FunctionDelta(arguments=fragment)))
+                )
+        return out
+
+    def _tool_chunk(self, delta: ToolCallDelta) -> str:
+        choice = ChatCompletionStreamChoice(index=self.index, delta=DeltaMessage(tool_calls=[delta]))
+        return self._chunk([choice])
 
     def start(self) -> str | None:
-        return self._chunk([ChatCompletionStreamChoice(delta=DeltaMessage(role="assistant", content=""))])
+        start = ChatCompletionStreamChoice(index=self.index, delta=DeltaMessage(role="assistant", content=""))
+        return self._chunk([start])
 
 
 class CompletionChunks(_Chunks):
@@ -117,8 +175,15 @@ class CompletionChunks(_Chunks):
             ).model_dump(mode="json")
         )
 
-    def _choice(self, text: str | None, reason: OpenAIFinishReason | None) -> CompletionChoice:
-        return CompletionChoice(text=text or "", finish_reason=reason)
+    def _choice(
+        self, text: str | None, reason: OpenAIFinishReason | None, logprobs: list[TokenLogprob] | None = None
+    ) -> CompletionChoice:
+        return CompletionChoice(
+            index=self.index,
+            text=text or "",
+            finish_reason=reason,
+            logprobs=CompletionLogprobs.of(logprobs, self._offset) if logprobs is not None else None,
+        )
 
 
 async def stream_answer(
@@ -142,7 +207,7 @@ async def stream_answer(
                     kind = event["event_type"]
                     if kind == "token":
                         sent_text = True
-                        out.append(chunks.text(event["text"]))
+                        out.append(chunks.text(event["text"], event.get("logprobs")))
                     elif kind == "pending":
                         out.append(_PENDING_COMMENT)
                     elif kind in ("message", "error") or (kind == "retry" and sent_text):
@@ -157,12 +222,85 @@ async def stream_answer(
         await service.settle(message, finished)
 
 
+async def stream_choices(
+    service: OpenAIService,
+    messages: list[DbMessage],
+    chunks: list[_Chunks],
+    *,
+    include_usage: bool,
+    is_disconnected: IsDisconnected,
+) -> AsyncGenerator[str, None]:
+    """Several choices (``n`` > 1, one message each) in one stream, their chunks interleaved as their
+    events come; ``[DONE]`` after the last one ends. A failed choice ends the whole stream with an error
+    chunk, and the other choices are cancelled."""
+    queue: asyncio.Queue[tuple[int, list[dict[str, Any]] | None]] = asyncio.Queue()
+
+    async def pump(index: int) -> None:
+        try:
+            async with contextlib.aclosing(service.events(messages[index].id, is_disconnected)) as batches:
+                async for batch in batches:
+                    await queue.put((index, batch))
+        finally:
+            await queue.put((index, None))
+
+    finished = [False] * len(messages)
+    sent_text = [False] * len(messages)
+    finals: list[MessageRead] = []
+    pumps = [asyncio.create_task(pump(i)) for i in range(len(messages))]
+    try:
+        yield "".join(c.start() or "" for c in chunks)
+        open_choices = len(messages)
+        while open_choices:
+            index, batch = await queue.get()
+            if batch is None:
+                open_choices -= 1
+                if not finished[index]:
+                    return  # its reader stopped (the client left): settle() cancels the others
+                continue
+            out: list[str] = []
+            for event in batch:
+                kind = event["event_type"]
+                if kind == "token":
+                    sent_text[index] = True
+                    out.append(chunks[index].text(event["text"], event.get("logprobs")))
+                elif kind == "pending":
+                    out.append(_PENDING_COMMENT)
+                elif kind == "message":
+                    finished[index] = True
+                    finals.append(MessageRead.model_validate(event["message"]))
+                    out.extend(_closing_chunks(event, chunks[index], include_usage=False))
+                elif kind == "error" or (kind == "retry" and sent_text[index]):
+                    finished[index] = kind == "error"
+                    yield "".join([*out, *_closing_chunks(event, chunks[index], include_usage=False), DONE])
+                    return
+            if out:
+                yield "".join(out)
+        closing = []
+        if include_usage:
+            usage = UsageInfo.of(
+                sum(f.prompt_tokens or 0 for f in finals), sum(f.generated_tokens or 0 for f in finals)
+            )
+            closing.append(chunks[0].usage(usage))
+        yield "".join([*closing, DONE])
+    finally:
+        for task in pumps:
+            task.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.gather(*pumps, return_exceptions=True)
+            for message, done in zip(messages, finished, strict=True):
+                await service.settle(message, done)
+
+
 def _closing_chunks(event: dict[str, Any], chunks: _Chunks, include_usage: bool) -> list[str]:
     """The chunks that end a stream (before ``[DONE]``) for a terminal event, or a retry after text."""
     kind = event["event_type"]
     if kind == "message":
         final = MessageRead.model_validate(event["message"])
-        closing = [chunks.finish(openai_finish_reason(final.finish_reason))]
+        calls = final.tool_calls or []
+        closing = [
+            *chunks.tool_calls(calls),
+            chunks.finish(openai_finish_reason(final.finish_reason, bool(calls))),
+        ]
         if include_usage:
             closing.append(chunks.usage(UsageInfo.of(final.prompt_tokens, final.generated_tokens)))
         return closing

@@ -26,20 +26,25 @@ import httpx
 from loguru import logger
 from pydantic import ValidationError
 
+from oasst_shared.logprobs import TokenLogprob, TopLogprob, token_bytes
 from oasst_shared.protocol import ChatTurn, FinishReason
 from oasst_shared.sampling import SamplingParameters
+from oasst_shared.tool_calls import ToolCall, ToolCallFunction, ToolChoice, ToolDefinition, new_tool_call_id
 from oasst_worker.backends.openai_wire import (
     ChunkChoice,
+    ChunkLogprobs,
     ChunkUsage,
     CompletionChunk,
     ErrorBody,
     ServedModelList,
     TokenizeAnswer,
+    ToolCallDelta,
 )
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
 
 OpenAiMode = Literal["completions", "chat"]
+ResponseFormatStyle = Literal["openai", "llama-cpp-python"]
 
 # The request itself is bad: every worker's backend would refuse it.
 _NOT_RETRYABLE_STATUS = frozenset({400, 413, 422})
@@ -54,9 +59,37 @@ _TOKENIZE_PROBES: tuple[tuple[str, str], ...] = (
 T = TypeVar("T")
 
 
-def openai_parameters(params: SamplingParameters, max_new_tokens: int) -> dict[str, Any]:
-    """The request fields for our sampling parameters; greedy is ``temperature: 0`` in this API."""
+def openai_parameters(
+    params: SamplingParameters,
+    max_new_tokens: int,
+    *,
+    chat: bool = False,
+    response_format_style: ResponseFormatStyle = "openai",
+) -> dict[str, Any]:
+    """The request fields for our sampling parameters; greedy is ``temperature: 0`` in this API.
+
+    Penalties, ``response_format`` (chat only) and logprobs are passed through: ``logprobs`` with
+    ``top_logprobs`` in the chat API, ``logprobs: N`` (the number of alternatives) in completions.
+    """
     body: dict[str, Any] = {"max_tokens": max_new_tokens}
+    if params.frequency_penalty is not None:
+        body["frequency_penalty"] = params.frequency_penalty
+    if params.presence_penalty is not None:
+        body["presence_penalty"] = params.presence_penalty
+    if params.logprobs:
+        if chat:
+            body["logprobs"] = True
+            body["top_logprobs"] = params.top_logprobs or 0
+        else:
+            body["logprobs"] = params.top_logprobs or 0
+    schema = params.output_schema
+    if chat and params.response_format is not None and schema is not None:
+        if response_format_style == "llama-cpp-python":
+            body["response_format"] = {"type": "json_object", "schema": schema}
+        else:
+            body["response_format"] = params.response_format.model_dump(
+                mode="json", by_alias=True, exclude_none=True
+            )
     if params.is_greedy:
         body["temperature"] = 0.0
     else:
@@ -168,12 +201,14 @@ class OpenAiBackend(GenerationBackend):
         model: str,
         api_key: str | None = None,
         mode: OpenAiMode = "completions",
+        response_format_style: ResponseFormatStyle = "openai",
         token_timeout: float,
         generation_timeout: float,
     ):
         self._base_url = _base_url(base_url)
         self._model = model
         self._mode = mode
+        self._response_format_style = response_format_style
         self.takes_messages = mode == "chat"
         self._token_timeout = token_timeout
         self._generation_timeout = generation_timeout
@@ -254,19 +289,35 @@ class OpenAiBackend(GenerationBackend):
         self, prompt: str, params: SamplingParameters, max_new_tokens: int
     ) -> GenerationStream:
         body = {"model": self._model, "prompt": prompt, **openai_parameters(params, max_new_tokens)}
-        return self._stream("/v1/completions", body, chat=False)
+        return self._stream("/v1/completions", body, chat=False, logprobs=params.logprobs)
 
     def generate_chat_stream(
-        self, messages: list[ChatTurn], params: SamplingParameters, max_new_tokens: int
+        self,
+        messages: list[ChatTurn],
+        params: SamplingParameters,
+        max_new_tokens: int,
+        *,
+        tools: list[ToolDefinition] | None = None,
+        tool_choice: ToolChoice | None = None,
     ) -> GenerationStream:
         body = {
             "model": self._model,
-            "messages": [{"role": m.role, "content": m.content} for m in messages],
-            **openai_parameters(params, max_new_tokens),
+            "messages": [_message(m) for m in messages],
+            **openai_parameters(
+                params, max_new_tokens, chat=True, response_format_style=self._response_format_style
+            ),
         }
-        return self._stream("/v1/chat/completions", body, chat=True)
+        if tools:
+            body["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in tools]
+            if tool_choice is not None:
+                body["tool_choice"] = (
+                    tool_choice if isinstance(tool_choice, str) else tool_choice.model_dump(mode="json")
+                )
+        return self._stream("/v1/chat/completions", body, chat=True, logprobs=params.logprobs)
 
-    async def _stream(self, path: str, body: dict[str, Any], *, chat: bool) -> GenerationStream:
+    async def _stream(
+        self, path: str, body: dict[str, Any], *, chat: bool, logprobs: bool = False
+    ) -> GenerationStream:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         deadline = asyncio.get_running_loop().time() + self._generation_timeout
         stops_sent = bool(body.get("stop"))
@@ -275,6 +326,7 @@ class OpenAiBackend(GenerationBackend):
         texts: list[str] = []
         final: ChunkChoice | None = None
         usage = ChunkUsage()
+        calls = _ToolCallAssembler()
         try:
             request = self._http.build_request("POST", path, json=body)
             response = await self._within(self._http.send(request, stream=True), deadline)
@@ -297,9 +349,14 @@ class OpenAiBackend(GenerationBackend):
                     usage = chunk.usage
                 for choice in chunk.choices or []:
                     text = choice.content(chat)
-                    if text:
+                    entries = _logprob_entries(choice.logprobs) if logprobs else []
+                    if text or entries:
                         texts.append(text)
-                        yield StreamedToken(text=text)
+                        # One entry per streamed piece: the first carries them all, the rest none.
+                        for i, entry in enumerate(entries or [None]):
+                            yield StreamedToken(text=text if i == 0 else "", logprobs=entry)
+                    if choice.delta is not None and choice.delta.tool_calls:
+                        calls.add(choice.delta.tool_calls)
                     if choice.finish_reason:
                         final = choice
         except httpx.TransportError as exc:
@@ -321,6 +378,7 @@ class OpenAiBackend(GenerationBackend):
             # Without usage, one streamed chunk per token is what these servers send.
             generated_tokens=completion_tokens if completion_tokens is not None else len(texts),
             prompt_tokens=usage.prompt_tokens,
+            tool_calls=calls.result(),
         )
 
     async def _within(self, awaitable: Awaitable[T], deadline: float) -> T:
@@ -348,3 +406,83 @@ def _token_count(response: httpx.Response) -> int | None:
         return TokenizeAnswer.model_validate_json(response.content).token_count
     except ValidationError:  # not JSON, or not an object
         return None
+
+
+def _message(turn: ChatTurn) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    if turn.tool_calls:
+        # Content stays a string, empty beside tool calls: some servers refuse null, some templates
+        # need the key.
+        message["tool_calls"] = [c.model_dump(mode="json") for c in turn.tool_calls]
+    if turn.tool_call_id is not None:
+        message["tool_call_id"] = turn.tool_call_id
+    return message
+
+
+def _logprob_entries(logprobs: ChunkLogprobs | None) -> list[TokenLogprob]:
+    """The token entries of a chunk's ``logprobs``, chat or legacy completions shape."""
+    if logprobs is None:
+        return []
+    if logprobs.content is not None:
+        return [
+            TokenLogprob(
+                token=e.token or "",
+                logprob=e.logprob if e.logprob is not None else 0.0,
+                bytes=e.bytes if e.bytes is not None else token_bytes(e.token or ""),
+                top_logprobs=[
+                    TopLogprob(
+                        token=t.token or "",
+                        logprob=t.logprob if t.logprob is not None else 0.0,
+                        bytes=t.bytes if t.bytes is not None else token_bytes(t.token or ""),
+                    )
+                    for t in e.top_logprobs or []
+                ],
+            )
+            for e in logprobs.content
+        ]
+    tokens = logprobs.tokens or []
+    values = logprobs.token_logprobs or []
+    tops = logprobs.top_logprobs or []
+    return [
+        TokenLogprob(
+            token=token,
+            logprob=(values[i] if i < len(values) else None) or 0.0,
+            bytes=token_bytes(token),
+            top_logprobs=[
+                TopLogprob(token=t, logprob=v, bytes=token_bytes(t))
+                for t, v in ((tops[i] if i < len(tops) else None) or {}).items()
+            ],
+        )
+        for i, token in enumerate(tokens)
+    ]
+
+
+class _ToolCallAssembler:
+    """Tool calls from their streamed fragments (OpenAI's contract: by ``index``, the name first, then
+    pieces of the JSON arguments)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, tuple[str | None, str | None, list[str]]] = {}
+
+    def add(self, deltas: list[ToolCallDelta]) -> None:
+        for delta in deltas:
+            index = delta.index if delta.index is not None else len(self._calls) - (1 if self._calls else 0)
+            call_id, name, arguments = self._calls.get(index, (None, None, []))
+            function = delta.function
+            if function is not None and function.arguments:
+                arguments.append(function.arguments)
+            self._calls[index] = (
+                call_id or delta.id,
+                name or (function.name if function is not None else None),
+                arguments,
+            )
+
+    def result(self) -> list[ToolCall] | None:
+        calls = [
+            ToolCall(
+                id=call_id or new_tool_call_id(),
+                function=ToolCallFunction(name=name or "", arguments="".join(arguments) or "{}"),
+            )
+            for _, (call_id, name, arguments) in sorted(self._calls.items())
+        ]
+        return calls or None

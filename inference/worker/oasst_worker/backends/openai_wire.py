@@ -81,8 +81,46 @@ class ErrorBody(ApiError):
         return self if self.error is None or self.error == "" else self.error
 
 
+def _list_or_none(value: Any) -> Any:
+    return value if isinstance(value, list) else None
+
+
+class ToolCallFunctionDelta(_Reader):
+    name: OptionalStr = None
+    arguments: OptionalStr = None
+
+
+class ToolCallDelta(_Reader):
+    """A fragment of a streamed tool call: the first of each ``index`` names the call, the next ones
+    carry pieces of its JSON arguments."""
+
+    index: OptionalInt = None
+    id: OptionalStr = None
+    function: Annotated[ToolCallFunctionDelta | None, BeforeValidator(_mapping_or_none)] = None
+
+
 class ChunkDelta(_Reader):
     content: OptionalStr = None
+    tool_calls: Annotated[list[ToolCallDelta] | None, BeforeValidator(_list_or_none)] = None
+
+
+class TopLogprobEntry(_Reader):
+    token: OptionalStr = None
+    logprob: float | None = None
+    bytes: Annotated[list[int] | None, BeforeValidator(_list_or_none)] = None
+
+
+class LogprobEntry(TopLogprobEntry):
+    top_logprobs: Annotated[list[TopLogprobEntry] | None, BeforeValidator(_list_or_none)] = None
+
+
+class ChunkLogprobs(_Reader):
+    """``logprobs`` of a chunk's choice: ``content`` (chat), or the legacy completions lists."""
+
+    content: Annotated[list[LogprobEntry] | None, BeforeValidator(_list_or_none)] = None
+    tokens: Annotated[list[str] | None, BeforeValidator(_list_or_none)] = None
+    token_logprobs: Annotated[list[float | None] | None, BeforeValidator(_list_or_none)] = None
+    top_logprobs: Annotated[list[dict[str, float] | None] | None, BeforeValidator(_list_or_none)] = None
 
 
 class ChunkChoice(_Reader):
@@ -93,6 +131,7 @@ class ChunkChoice(_Reader):
     # the server sent the field at all matters (see finish_reason in openai.py): model_fields_set tells.
     stop_reason: str | int | None = None  # vLLM
     matched_stop: str | int | None = None  # SGLang
+    logprobs: Annotated[ChunkLogprobs | None, BeforeValidator(_mapping_or_none)] = None
 
     def content(self, chat: bool) -> str:
         if chat:

@@ -5,7 +5,12 @@ one :class:`GenerationResult`. Closing the stream (the job uses ``contextlib.acl
 job's task closes it too) must close the HTTP stream to the backend, so the backend stops generating.
 Errors are raised as :class:`BackendError` with ``retryable`` saying whether another worker (or a later
 try) may succeed. Adapters of a Messages API (``takes_messages``) also implement
-:meth:`GenerationBackend.generate_chat_stream`, which takes the conversation instead of rendered text.
+:meth:`GenerationBackend.generate_chat_stream`, which takes the conversation instead of rendered text,
+and the tools it may call (passed through: their result carries the ``tool_calls``).
+
+Structured output and log-probabilities are asked for in the sampling parameters
+(``params.output_schema``, ``params.logprobs``/``params.top_logprobs``); an adapter honours what its
+worker reports in :func:`capabilities`.
 
 An embedding adapter answers :meth:`EmbeddingBackend.embed` with one vector per input.
 
@@ -20,6 +25,7 @@ from typing import Protocol
 
 from oasst_shared.protocol import ChatTurn
 from oasst_shared.sampling import SamplingParameters
+from oasst_shared.tool_calls import ToolChoice, ToolDefinition
 from oasst_worker.backends.records import (
     BackendError,
     BackendInfo,
@@ -59,7 +65,13 @@ class GenerationBackend(BackendBase, Protocol):
     ) -> GenerationStream: ...
 
     def generate_chat_stream(
-        self, messages: list[ChatTurn], params: SamplingParameters, max_new_tokens: int
+        self,
+        messages: list[ChatTurn],
+        params: SamplingParameters,
+        max_new_tokens: int,
+        *,
+        tools: list[ToolDefinition] | None = None,
+        tool_choice: ToolChoice | None = None,
     ) -> GenerationStream:
         raise BackendError("this backend takes rendered prompts, not messages", retryable=False)
 

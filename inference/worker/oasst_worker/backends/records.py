@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.protocol import FinishReason
+from oasst_shared.tool_calls import ToolCall
 
 
 class BackendError(Exception):
@@ -25,6 +27,8 @@ class StreamedToken:
     token_id: int | None = None
     logprob: float | None = None
     special: bool = False
+    # When the work asked for logprobs: this token's entry (with its top alternatives).
+    logprobs: TokenLogprob | None = None
 
 
 @dataclass(frozen=True)
@@ -36,6 +40,8 @@ class GenerationResult:
     generated_tokens: int
     # The backend's own count of the prompt, where it reports one (OpenAI usage).
     prompt_tokens: int | None = None
+    # Backends with native tool support: the calls the answer made.
+    tool_calls: list[ToolCall] | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 from text_generation import AsyncClient
 from text_generation import errors as tgi_errors
+from text_generation.types import Grammar, GrammarType
+from text_generation.types import Token as TgiToken
 
+from oasst_shared.logprobs import TokenLogprob, TopLogprob, token_bytes
 from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
@@ -32,9 +35,24 @@ def tgi_parameters(params: SamplingParameters, max_new_tokens: int) -> dict[str,
     """Translate our sampling parameters into the keyword arguments TGI's client accepts.
 
     TGI refuses temperature <= 0 and top_p/typical_p >= 1: those mean "greedy" and "off" here.
+    Structured output is TGI's ``grammar`` (a JSON schema); logprobs come with every token, their
+    alternatives with ``top_n_tokens``.
     """
     greedy = params.is_greedy
+    extra: dict[str, object] = {}
+    schema = params.output_schema
+    if schema is not None:
+        extra["grammar"] = Grammar(type=GrammarType.Json, value=schema)
+    if params.logprobs and params.top_logprobs:
+        extra["top_n_tokens"] = params.top_logprobs
+    if params.frequency_penalty:
+        if params.frequency_penalty < 0:
+            raise BackendError("TGI takes only a positive frequency_penalty", retryable=False)
+        extra["frequency_penalty"] = params.frequency_penalty
+    if params.presence_penalty:
+        raise BackendError("TGI has no presence_penalty", retryable=False)
     return {
+        **extra,
         "do_sample": not greedy and params.do_sample is not False,
         "max_new_tokens": max_new_tokens,
         "repetition_penalty": params.repetition_penalty,
@@ -119,7 +137,10 @@ class TgiBackend(GenerationBackend):
                     break
                 token = response.token
                 if not token.special:
-                    yield StreamedToken(text=token.text, token_id=token.id, logprob=token.logprob)
+                    logprobs = _logprobs(token, response.top_tokens) if params.logprobs else None
+                    yield StreamedToken(
+                        text=token.text, token_id=token.id, logprob=token.logprob, logprobs=logprobs
+                    )
                 generated += 1
                 if response.details is not None:
                     reason = str(
@@ -153,3 +174,17 @@ class TgiBackend(GenerationBackend):
 
     async def close(self) -> None:
         await self._http.aclose()
+
+
+def _logprobs(token: TgiToken, top_tokens: list[TgiToken] | None) -> TokenLogprob:
+    return TokenLogprob(
+        token=token.text,
+        logprob=token.logprob if token.logprob is not None else 0.0,
+        bytes=token_bytes(token.text),
+        top_logprobs=[
+            TopLogprob(
+                token=t.text, logprob=t.logprob if t.logprob is not None else 0.0, bytes=token_bytes(t.text)
+            )
+            for t in top_tokens or []
+        ],
+    )

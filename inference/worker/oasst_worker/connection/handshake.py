@@ -17,6 +17,7 @@ from oasst_shared.protocol import (
     Hardware,
     WorkerInfo,
 )
+from oasst_worker.backends.factory import backend_capabilities
 from oasst_worker.connection.errors import FatalWorkerError
 from oasst_worker.settings import WorkerSettings
 
@@ -56,6 +57,7 @@ def worker_info(settings: WorkerSettings, model_config: ModelConfig) -> WorkerIn
         backend_kind=settings.backend_kind,
         worker_version=WORKER_VERSION,
         hardware=Hardware(cpu_count=os.cpu_count()),
+        capabilities=backend_capabilities(settings),
     )
 
 

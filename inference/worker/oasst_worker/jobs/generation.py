@@ -1,4 +1,15 @@
-"""The generation job: builds the prompt, streams from the backend, sends tokens and the result."""
+"""The generation job: builds the prompt, streams from the backend, sends tokens and the result.
+
+Tools on a backend that takes rendered prompts: the prompt lists the tools (see prompting), and
+
+* ``tool_choice`` "required" or a named function: the answer is constrained (the backend's grammar) to
+  a call ``{"name", "arguments"}`` of an allowed tool, held back, and sent as ``tool_calls``;
+* "auto": an answer that begins like a call (``{`` or ``<tool_call>``) is held back; if it parses as a
+  call of a known tool it is sent as ``tool_calls``, otherwise as text.
+
+Logprobs (``params.logprobs``): each token frame carries the entries of the backend tokens whose text
+it releases; text held back (stop sequences) keeps its entries until it is released.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +20,19 @@ from contextlib import aclosing
 from loguru import logger
 
 from oasst_shared.chat_template import ChatTemplateError
+from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ModelConfig
-from oasst_shared.protocol import EmbedWork, GeneratedText, Token, Work, WorkerError
+from oasst_shared.protocol import EmbedWork, FinishReason, GeneratedText, Token, Work, WorkerError
+from oasst_shared.sampling import JsonSchemaFormat, ResponseFormat, SamplingParameters
 from oasst_shared.stop_sequences import StopSequenceFilter
+from oasst_shared.tool_calls import (
+    NamedToolChoice,
+    ToolCall,
+    called_tools,
+    looks_like_tool_call,
+    parse_tool_call,
+    tool_call_schema,
+)
 from oasst_worker import metrics
 from oasst_worker.backends.protocols import GenerationBackend
 from oasst_worker.backends.records import BackendError, GenerationResult
@@ -52,6 +73,8 @@ class GenerationJob:
         self._prompt_tokens: int | None = None
         self._started = time.monotonic()
         self._first_token_at: float | None = None
+        self._logprobs: list[TokenLogprob] = []  # of tokens whose text is not sent yet
+        self._tool_calls: list[ToolCall] | None = None
 
     async def run(self, send: Send) -> None:
         logger.info("message {}: generating (attempt {})", self.work.message_id, self.work.attempt)
@@ -80,6 +103,7 @@ class GenerationJob:
                 finish_reason="cancelled",
                 generated_tokens=self._generated,
                 prompt_tokens=self._prompt_tokens,
+                tool_calls=self._tool_calls,
             )
         except BackendError as exc:
             logger.warning("message {} failed at the backend: {}", message_id, exc)
@@ -98,11 +122,25 @@ class GenerationJob:
         params = work.sampling_parameters
         max_new_tokens = self._config.cap_max_new_tokens(params.max_new_tokens, prompt.tokens)
         stops = StopSequenceFilter([*params.stop, *self._config.stop_sequences])
-        finish_reason = "length"
+        finish_reason: FinishReason = "length"
+        tools = called_tools(work.tools or [], work.tool_choice) if work.tools else []
+        # Tool calls on a backend without native tools: held back (constrained when forced).
+        rendered = prompt.messages is None
+        forced = (
+            rendered
+            and bool(tools)
+            and (work.tool_choice == "required" or isinstance(work.tool_choice, NamedToolChoice))
+        )
+        detect = rendered and bool(tools) and not forced
         if prompt.messages is not None:
-            backend_stream = self._backend.generate_chat_stream(prompt.messages, params, max_new_tokens)
+            backend_stream = self._backend.generate_chat_stream(
+                prompt.messages, params, max_new_tokens, tools=work.tools, tool_choice=work.tool_choice
+            )
         else:
+            if forced:
+                params = _constrained(params, tool_call_schema(tools))
             backend_stream = self._backend.generate_stream(prompt.text, params, max_new_tokens)
+        held: list[str] | None = [] if forced or detect else None
         # aclosing: leaving the loop early closes the backend's HTTP stream at once, not at GC time.
         async with aclosing(backend_stream) as stream:
             async for item in stream:
@@ -112,30 +150,61 @@ class GenerationJob:
                     # ends the job at the next token.
                     raise asyncio.CancelledError
                 if isinstance(item, GenerationResult):
-                    await self._emit(send, stops.flush())
+                    if held is None:
+                        await self._emit(send, stops.flush())
+                    else:
+                        held.append(stops.flush())
                     finish_reason = item.finish_reason
                     self._generated = max(self._generated, item.generated_tokens)
                     if item.prompt_tokens is not None:  # the backend's own count beats our estimate
                         self._prompt_tokens = item.prompt_tokens
+                    self._tool_calls = item.tool_calls
                     break
                 self._generated += 1
                 if self._first_token_at is None:
                     self._first_token_at = time.monotonic()
                     metrics.TIME_TO_FIRST_TOKEN.observe(self._first_token_at - self._started)
                 metrics.TOKENS.inc()
-                await self._emit(send, stops.push(item.text))
+                if item.logprobs is not None:
+                    self._logprobs.append(item.logprobs)
+                released = stops.push(item.text)
+                if held is not None:
+                    held.append(released)
+                    if detect and looks_like_tool_call("".join(held)) is False:
+                        await self._emit(send, "".join(held))  # plain text: stream it from now on
+                        held = None
+                else:
+                    await self._emit(send, released)
                 if stops.stopped:
                     finish_reason = "stop_sequence"
                     break
+        if held is not None:
+            text = "".join(held)
+            call = parse_tool_call(text, tools)
+            if call is not None:
+                self._tool_calls = [call]
+                self._logprobs.clear()  # a call's tokens have no place in the content's logprobs
+            else:
+                await self._emit(send, text)
         return GeneratedText(
             message_id=work.message_id,
             text="".join(self._text),
             finish_reason=finish_reason,
             generated_tokens=self._generated,
             prompt_tokens=self._prompt_tokens,
+            tool_calls=self._tool_calls,
         )
 
     async def _emit(self, send: Send, text: str) -> None:
         if text:
             self._text.append(text)
-            await send(Token(message_id=self.work.message_id, text=text))
+            logprobs = None
+            if self._logprobs:
+                logprobs, self._logprobs = self._logprobs, []
+            await send(Token(message_id=self.work.message_id, text=text, logprobs=logprobs))
+
+
+def _constrained(params: SamplingParameters, schema: dict[str, object]) -> SamplingParameters:
+    """``params`` with the answer constrained to ``schema`` (the backend's grammar)."""
+    output = ResponseFormat(type="json_schema", json_schema=JsonSchemaFormat(name="tool_call", schema=schema))
+    return params.model_copy(update={"response_format": output})

@@ -232,6 +232,21 @@ def test_json_grammar_constrains_the_output(backend: RunningBackend) -> None:
     assert set(parsed) == {"city"} and isinstance(parsed["city"], str)
 
 
+def test_json_strings_in_the_grammar_exclude_control_characters() -> None:
+    # llama-cpp-python's converter lets a JSON string hold a raw newline; an answer with one would not parse.
+    from llama_cpp import LlamaGrammar
+
+    from oasst_cpu_backend.schemas import GenerateParameters
+    from oasst_cpu_backend.validation import grammar_to_gbnf
+
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
+    gbnf = grammar_to_gbnf(GenerateParameters.model_validate({"grammar": {"type": "json", "value": schema}}))
+    assert gbnf is not None
+    (char_rule,) = [line for line in gbnf.splitlines() if line.startswith("char ::=")]
+    assert "\\x00-\\x1F" in char_rule
+    LlamaGrammar.from_string(gbnf, verbose=False)  # llama.cpp parses it
+
+
 async def test_concurrent_requests_are_served_one_after_another(backend: RunningBackend) -> None:
     aclient = async_client(backend)
     alone = await aclient.generate(COUNTING_PROMPT, max_new_tokens=10)

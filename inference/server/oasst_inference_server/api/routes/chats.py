@@ -9,6 +9,7 @@ from loguru import logger
 from sqlalchemy import select
 from sse_starlette import EventSourceResponse
 
+from oasst_inference_server.admission.capabilities import check_capabilities
 from oasst_inference_server.admission.limits import (
     check_chat_capacity,
     check_message_length,
@@ -188,6 +189,7 @@ async def create_assistant_message(
         raise ApiError(
             400, "unknown_model", f"unknown model {body.model_config_name!r}; available models: {available}"
         )
+    check_capabilities(body.sampling_parameters, live[body.model_config_name])
     await check_generation_limits(session, request.app.state.settings, user.id)
     await check_chat_capacity(session, request.app.state.settings, chat.id)
     await check_queue_capacity(session, request.app.state.settings, body.model_config_name)

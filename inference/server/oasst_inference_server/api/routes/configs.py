@@ -1,9 +1,11 @@
+"""The model and plugin configs the original web frontend reads (``/configs/...``)."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter
 
 from oasst_inference_server.api.deps import RegistryDep
-from oasst_shared.schemas import ModelConfigInfo
+from oasst_shared.schemas import ModelConfigInfo, PluginEntry
 
 router = APIRouter(prefix="/configs", tags=["configs"])
 
@@ -25,3 +27,17 @@ async def model_configs(registry: RegistryDep) -> list[ModelConfigInfo]:
         )
         for m in sorted(live.values(), key=lambda m: m.config.name)
     ]
+
+
+@router.get("/builtin_plugins", response_model=list[PluginEntry])
+async def builtin_plugins() -> list[PluginEntry]:
+    """The original system's built-in plugins: none here (tools are OpenAI tool calls)."""
+    return []
+
+
+@router.post("/plugin_config", response_model=PluginEntry)
+async def plugin_config(plugin: PluginEntry) -> PluginEntry:
+    """The original system fetched the plugin's ``ai-plugin.json`` from its URL. This server runs no
+    plugins and fetches nothing (a server-side fetch of a caller's URL is a request forgery risk): the
+    entry comes back disabled, without a config."""
+    return PluginEntry(url=plugin.url, enabled=False, plugin_config=None, trusted=False)

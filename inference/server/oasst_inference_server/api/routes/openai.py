@@ -6,6 +6,7 @@ OpenAI's shape and status codes (see :mod:`oasst_inference_server.errors`).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from typing import Annotated, Any
 
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Depends, Request, Response
 from pydantic import ValidationError
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server.admission.capabilities import check_capabilities
 from oasst_inference_server.admission.limits import check_queue_capacity
 from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.api.deps import ApiCaller, SessionDep, SettingsDep
@@ -26,14 +28,18 @@ from oasst_inference_server.openai_api.openai_streams import (
     CompletionChunks,
     OpenAIStreamResponse,
     stream_answer,
+    stream_choices,
 )
 from oasst_inference_server.settings import Settings
+from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.openai_schemas import (
     AssistantMessage,
     ChatCompletionChoice,
     ChatCompletionRequest,
     ChatCompletionResponse,
+    ChoiceLogprobs,
     CompletionChoice,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
     EmbeddingData,
@@ -115,11 +121,86 @@ async def _admit(session: AsyncSession, settings: Settings, caller: Caller, mode
     await check_queue_capacity(session, settings, model.config.name)
 
 
-async def _answer(service: OpenAIService, message: DbMessage, request: Request) -> MessageRead:
+def _check_capabilities(
+    body: ChatCompletionRequest | CompletionRequest, sampling: SamplingParameters, model: LiveModel
+) -> None:
+    """400, naming the parameter, when some worker of the model cannot honour the request."""
+    param = "top_logprobs" if isinstance(body, ChatCompletionRequest) else "logprobs"
+    tool_schemas = (
+        {f"tools[{i}].function.parameters": t.function.parameters for i, t in enumerate(body.tools or [])}
+        if isinstance(body, ChatCompletionRequest) and body.tool_choice not in (None, "none", "auto")
+        else {}
+    )
+    check_capabilities(
+        sampling, model, body.required_capabilities(), top_logprobs_param=param, tool_schemas=tool_schemas
+    )
+
+
+async def _answer(
+    service: OpenAIService, message: DbMessage, request: Request, logprobs: list[dict[str, Any]] | None = None
+) -> MessageRead:
     try:
-        return await service.wait(message, request.is_disconnected)
+        return await service.wait(message, request.is_disconnected, logprobs)
     except ClientGone:
         raise ApiError(499, "client_closed_request", "the client closed the connection") from None
+
+
+async def _answers(
+    service: OpenAIService, messages: list[DbMessage], request: Request, logprobs: bool
+) -> list[tuple[MessageRead, list[dict[str, Any]] | None]]:
+    """Every message's answer (and logprobs), waited for together; the first failure cancels the rest."""
+    results: list[tuple[MessageRead, list[dict[str, Any]] | None] | None] = [None] * len(messages)
+
+    async def one(index: int, message: DbMessage) -> None:
+        collected: list[dict[str, Any]] | None = [] if logprobs else None
+        results[index] = (await _answer(service, message, request, collected), collected)
+
+    tasks = [asyncio.ensure_future(one(index, message)) for index, message in enumerate(messages)]
+    try:
+        await asyncio.gather(*tasks)
+    finally:
+        for task in tasks:
+            task.cancel()  # after a failure: the other choices stop (their waits cancel their jobs)
+        await asyncio.gather(*tasks, return_exceptions=True)
+    return [r for r in results if r is not None]
+
+
+def _chat_choice(
+    index: int, final: MessageRead, logprobs: list[dict[str, Any]] | None
+) -> ChatCompletionChoice:
+    calls = final.tool_calls
+    return ChatCompletionChoice(
+        index=index,
+        message=AssistantMessage(content=None if calls else final.content or "", tool_calls=calls),
+        finish_reason=openai_finish_reason(final.finish_reason, bool(calls)),
+        logprobs=(
+            ChoiceLogprobs(content=[TokenLogprob.model_validate(e) for e in logprobs])
+            if logprobs is not None
+            else None
+        ),
+    )
+
+
+def _completion_choice(
+    index: int, final: MessageRead, logprobs: list[dict[str, Any]] | None
+) -> CompletionChoice:
+    return CompletionChoice(
+        index=index,
+        text=final.content or "",
+        finish_reason=openai_finish_reason(final.finish_reason),
+        logprobs=(
+            CompletionLogprobs.of([TokenLogprob.model_validate(e) for e in logprobs])
+            if logprobs is not None
+            else None
+        ),
+    )
+
+
+def _sampling_of_choice(sampling: SamplingParameters, index: int) -> SamplingParameters:
+    # Several choices with one seed would be the same answer n times: each gets its own seed.
+    if index == 0 or sampling.seed is None:
+        return sampling
+    return sampling.model_copy(update={"seed": (sampling.seed + index) % 2**64})
 
 
 async def _generate(
@@ -131,39 +212,72 @@ async def _generate(
     settings: Settings,
     service: OpenAIService,
 ) -> Any:
-    """Both generation endpoints: queue the request, then stream its chunks or answer when done."""
+    """Both generation endpoints: queue the request (one job per choice), then stream its chunks or
+    answer when done."""
     chat = isinstance(body, ChatCompletionRequest)
     model = await service.resolve_model(body.model, "generation")
     sampling = _sampling(body, model)
+    _check_capabilities(body, sampling, model)
     await _admit(session, settings, caller, model)
-    if isinstance(body, ChatCompletionRequest):
-        message = await service.submit_chat(session, caller, model, sampling, *body.to_thread())
-    else:
-        message = await service.submit_completion(session, caller, model, sampling, body.prompt_text)
+    messages: list[DbMessage] = []
+    for index in range(body.choices):
+        params = _sampling_of_choice(sampling, index)
+        if isinstance(body, ChatCompletionRequest):
+            system_prompt, thread = body.to_thread()
+            tools = body.tools if body.tools else None
+            messages.append(
+                await service.submit_chat(
+                    session, caller, model, params, system_prompt, thread, tools, body.tool_choice
+                )
+            )
+        else:
+            messages.append(await service.submit_completion(session, caller, model, params, body.prompt_text))
     await session.close()  # do not hold a database connection while the answer is generated
+    message = messages[0]
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{message.id}"
     created, name = int(message.created_at.timestamp()), model.config.name
     if body.stream:
-        chunks = (ChatChunks if chat else CompletionChunks)(completion_id, created, name)
+        make = ChatChunks if chat else CompletionChunks
+        headers = {"X-Request-Id": ",".join(m.id for m in messages)}
+        if len(messages) > 1:
+            choices = stream_choices(
+                service,
+                messages,
+                [make(completion_id, created, name, index) for index in range(len(messages))],
+                include_usage=body.include_usage,
+                is_disconnected=request.is_disconnected,
+            )
+            return OpenAIStreamResponse(choices, headers=headers)
         stream = stream_answer(
             service,
             message,
-            chunks,
+            make(completion_id, created, name),
             include_usage=body.include_usage,
             is_disconnected=request.is_disconnected,
         )
-        return OpenAIStreamResponse(stream, headers={"X-Request-Id": message.id})
-    final = await _answer(service, message, request)
-    response.headers["X-Request-Id"] = message.id
-    text, reason = final.content or "", openai_finish_reason(final.finish_reason)
-    usage = UsageInfo.of(final.prompt_tokens, final.generated_tokens)
+        return OpenAIStreamResponse(stream, headers=headers)
+    answers = await _answers(service, messages, request, body.wants_logprobs()[0])
+    response.headers["X-Request-Id"] = ",".join(m.id for m in messages)
+    # Each choice is a job of its own, whose prompt was processed too: usage counts every one.
+    usage = UsageInfo.of(
+        sum(final.prompt_tokens or 0 for final, _ in answers),
+        sum(final.generated_tokens or 0 for final, _ in answers),
+    )
     if chat:
-        choice = ChatCompletionChoice(message=AssistantMessage(content=text), finish_reason=reason)
         return ChatCompletionResponse(
-            id=completion_id, created=created, model=name, choices=[choice], usage=usage
+            id=completion_id,
+            created=created,
+            model=name,
+            choices=[_chat_choice(i, final, lp) for i, (final, lp) in enumerate(answers)],
+            usage=usage,
         )
-    choices = [CompletionChoice(text=text, finish_reason=reason)]
-    return CompletionResponse(id=completion_id, created=created, model=name, choices=choices, usage=usage)
+    return CompletionResponse(
+        id=completion_id,
+        created=created,
+        model=name,
+        choices=[_completion_choice(i, final, lp) for i, (final, lp) in enumerate(answers)],
+        usage=usage,
+    )
 
 
 @router.post("/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, 200: _STREAM})

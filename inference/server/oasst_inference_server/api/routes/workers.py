@@ -83,6 +83,7 @@ async def worker_work(websocket: WebSocket) -> None:
         settings=settings,
         broker=state.broker,
         lifecycle=state.lifecycle,
+        protocol_version=version,
     )
     record = functools.partial(
         record_worker_event,

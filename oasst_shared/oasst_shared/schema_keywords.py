@@ -1,0 +1,60 @@
+"""The keywords a JSON schema uses, found by walking it as a schema (a property named ``minimum`` is not
+the keyword ``minimum``).
+
+A backend that constrains output with a grammar enforces some keywords only; its worker reports the others
+(``WorkerCapabilities.unenforced_schema_keywords``) and the server refuses a schema that uses one, rather
+than promise an answer that validates and deliver one that may not.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# Keywords whose value is a schema, a list of schemas, or a mapping of names to schemas.
+_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+
+# What llama.cpp's JSON-schema-to-grammar converter (the bundled backend's) does not enforce.
+LLAMA_CPP_UNENFORCED = (
+    "minimum",
+    "maximum",
+    "exclusiveMinimum",
+    "exclusiveMaximum",
+    "multipleOf",
+    "uniqueItems",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "minProperties",
+    "maxProperties",
+    "patternProperties",
+    "propertyNames",
+    "dependentRequired",
+    "dependentSchemas",
+)
+
+
+def schema_keywords(schema: Any) -> set[str]:
+    """Every keyword used anywhere in ``schema``."""
+    found: set[str] = set()
+    _walk(schema, found, depth=0)
+    return found
+
+
+def _walk(schema: Any, found: set[str], depth: int) -> None:
+    if not isinstance(schema, dict) or depth > 64:
+        return
+    found.update(schema)
+    for key in _SCHEMA:
+        _walk(schema.get(key), found, depth + 1)
+    for key in _SCHEMA_LISTS:
+        for item in schema.get(key) or [] if isinstance(schema.get(key), list) else []:
+            _walk(item, found, depth + 1)
+    for key in _SCHEMA_MAPS:
+        mapping = schema.get(key)
+        if isinstance(mapping, dict):
+            for item in mapping.values():
+                _walk(item, found, depth + 1)
