@@ -88,7 +88,8 @@ class ToolCall(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     id: str = Field(
-        max_length=256, description="The call's id; the `tool` turn with its result names it in `tool_call_id`."
+        max_length=256,
+        description="The call's id; the `tool` turn with its result names it in `tool_call_id`.",
     )
     type: Literal["function"] = Field("function", description="Always `function`.")
     function: ToolCallFunction = Field(description="The function called and its arguments.")

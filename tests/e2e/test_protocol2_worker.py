@@ -12,11 +12,11 @@ import openai
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.support.processes import wait_for_model
-from tests.support.stacks import WORKER_API_KEY, Stack
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import WorkerInfo, dump_frame
 from tests.openai_api.conftest import new_user
+from tests.support.processes import wait_for_model
+from tests.support.stacks import WORKER_API_KEY, Stack
 
 pytestmark = pytest.mark.slow
 

@@ -18,10 +18,10 @@ import openai
 import pytest
 from openai.types.chat import completion_create_params
 
-from tests.support.stacks import Stack
 from oasst_shared.openai_schemas import REFUSED_CHAT_FIELDS
 from tests.e2e.chat_api import ChatApi, tokens_text
 from tests.openai_api.conftest import ApiUser, new_user
+from tests.support.stacks import Stack
 
 pytestmark = pytest.mark.slow
 

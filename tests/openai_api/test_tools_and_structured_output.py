@@ -20,11 +20,11 @@ import jsonschema
 import openai
 import pytest
 
-from tests.support.processes import wait_for_model
-from tests.support.stacks import Stack, start_stack
 from oasst_shared.model_configs import ModelConfig
 from tests.openai_api.conftest import ApiUser, new_user
 from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
+from tests.support.processes import wait_for_model
+from tests.support.stacks import Stack, start_stack
 
 pytestmark = pytest.mark.slow
 
