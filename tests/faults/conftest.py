@@ -17,6 +17,7 @@ from conftest import (
     ManagedProcess,
     Stack,
     free_port,
+    fresh_database,
     start_stack,
     wait_for_model,
     wait_http_ok,
@@ -29,7 +30,8 @@ FAST_TIMINGS = {
     "OASST_SERVER_LEASE_SECONDS": "4",
     "OASST_SERVER_RECOVERY_INTERVAL": "0.5",
     "OASST_SERVER_REQUEUE_GRACE": "1",
-    "OASST_SERVER_NO_WORKER_TIMEOUT": "4",
+    # Long enough for a worker process to start on a loaded machine (the tests start them late on purpose).
+    "OASST_SERVER_NO_WORKER_TIMEOUT": "10",
     "OASST_SERVER_MAX_ATTEMPTS": "3",
     "OASST_SERVER_PENDING_UPDATE_INTERVAL": "0.3",
     "OASST_SERVER_MAX_BACKEND_REFUSALS": "2",
@@ -63,15 +65,23 @@ def fake_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeBacke
 
 
 @pytest.fixture(scope="module")
+def fault_database() -> Iterator[str]:
+    # A database of its own: another stack's recovery loop on a shared database re-queues these tests'
+    # pending messages on its own broker, and its workers of the same model answer them there.
+    with fresh_database("oasst_faults") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def fault_stack(
-    cpu_backend: Backend, postgres_url: str, redis_prefix: str, tmp_path_factory: pytest.TempPathFactory
+    cpu_backend: Backend, fault_database: str, redis_prefix: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Stack]:
     """Postgres + Redis, fast failure detection, no worker yet (each test brings its own)."""
     log_dir = tmp_path_factory.mktemp("fault-stack")
     stack = start_stack(
         log_dir,
         cpu_backend.url,
-        postgres_url,
+        fault_database,
         REDIS_URL,
         workers=0,
         OASST_SERVER_REDIS_KEY_PREFIX=f"{redis_prefix}faults:{uuid.uuid4().hex[:6]}:",
