@@ -39,6 +39,8 @@ BENCH_DIR = ROOT / "bench"
 
 INSTANT_MODEL = "bench-instant"
 NO_ADMISSION_LIMITS = {"OASST_SERVER_RATE_LIMIT_PER_MINUTE": "0", "OASST_SERVER_MAX_QUEUE_SIZE": "1000000"}
+# Benchmarks run synthetic workers with hundreds of slots: the most the protocol allows.
+BENCH_WORKER_LIMITS = {"OASST_SERVER_MAX_SLOTS_PER_WORKER": "1024"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -295,6 +297,7 @@ class BenchRun:
         limits = {} if admission_limits else NO_ADMISSION_LIMITS
         env = {
             **limits,
+            **BENCH_WORKER_LIMITS,
             "OASST_SERVER_HOST": "127.0.0.1",
             "OASST_SERVER_PORT": str(port),
             "OASST_SERVER_DATABASE_URL": database_url,

@@ -65,8 +65,18 @@ CLOSE_CODES: dict[str, str] = {
     "socket broke. Its messages are retried elsewhere; the worker reconnects with backoff.",
     "CLOSE_UNSUPPORTED_PROTOCOL": "Sent after `upgrade_required`: the worker's `X-Protocol-Version` is "
     "outside what the server speaks. The worker exits instead of reconnecting.",
-    "CLOSE_UNAUTHORIZED": "Reserved for a refused API key. Today a bad key is refused before the "
+    "CLOSE_UNAUTHORIZED": "The worker's API key was replaced or deleted through the admin API (every "
+    "replica closes that key's sockets at once). A bad key at connect time is refused before the "
     "websocket upgrade, with HTTP 403, and the worker exits.",
+    "CLOSE_UNSUPPORTED_DATA": "A binary frame: the protocol is JSON text frames only.",
+    "CLOSE_MESSAGE_TOO_BIG": "A frame over `MAX_FRAME_BYTES` (1 MiB), the limit both ends keep. A worker "
+    "never sends one: a result that would be larger becomes an `error` for its message.",
+    "CLOSE_INTERNAL_ERROR": "A server bug ended this connection (logged); its messages are retried elsewhere.",
+    "CLOSE_TRY_AGAIN_LATER": "The server cannot check a registered worker key right now (its database is "
+    "briefly down); the worker reconnects with backoff.",
+    "CLOSE_KEY_FORBIDS": "The worker announced more than its API key allows: a model config the key does "
+    "not name, more slots than the key's `max_slots` (or `OASST_SERVER_MAX_SLOTS_PER_WORKER`), or a socket "
+    "past the key's `max_sockets`. The reason says which; the worker logs it and exits.",
 }
 
 # Defaults computed from the machine: the doc says how, not what this machine gave.
@@ -392,6 +402,48 @@ def render_protocol() -> str:
     w("    W->>S: token, token, ...")
     w("    W->>S: generated_text")
     w("```")
+    w("")
+    w("## Limits and refused frames")
+    w("")
+    w(
+        f"- **Frame size.** No frame in either direction is larger than `MAX_FRAME_BYTES` "
+        f"({p.MAX_FRAME_BYTES} bytes, UTF-8), the websockets `max_size` of both ends. The server never sends "
+        f"a larger `work`: a conversation that would not fit fails alone, with that error, before any worker "
+        f"sees it. The worker never sends a larger frame: a token batch is split, and a result that would not "
+        f"fit becomes a final `error` for its message. A frame over the limit that arrives anyway closes the "
+        f"socket with `{p.CLOSE_MESSAGE_TOO_BIG}`."
+    )
+    w(
+        "- **Text.** Every text a frame carries (`token.text`, `generated_text.text`, `error.error`, the "
+        "turns, system prompt and raw prompt of `work`, the inputs of `embed`) holds no NUL character and "
+        "no lone surrogate. The worker turns backend output that breaks this into a final `error` for its "
+        "message; the server refuses a `work` it cannot send (the message fails alone)."
+    )
+    w(
+        "- **A refused frame hurts only the messages it names.** A worker frame that fails validation but "
+        "names messages this connection holds (a `message_id`, or the tokens of a `token_batch`) fails "
+        "those messages, as a final error; the valid tokens of a batch are still relayed. Only a frame that "
+        f"names no message (not JSON, no known type) closes the socket with `{p.CLOSE_POLICY_VIOLATION}`; "
+        f"a binary frame closes it with `{p.CLOSE_UNSUPPORTED_DATA}`."
+    )
+    w(
+        "- **What a key allows.** A worker key created through the admin API may name the model configs it "
+        "serves (`allowed_models`), the most slots one socket announces (`max_slots`) and the most sockets "
+        "open at once on all replicas (`max_sockets`); every key is capped at "
+        "`OASST_SERVER_MAX_SLOTS_PER_WORKER` slots. A `worker_info` announcing more is refused with "
+        f"`{p.CLOSE_KEY_FORBIDS}` and a reason; the worker logs it and exits. Replacing or deleting a key, "
+        f"or changing its limits, closes its sockets on every replica (`{p.CLOSE_UNAUTHORIZED}`)."
+    )
+    w(
+        "- **Usage counts.** The server stores `generated_tokens` no larger than the message's "
+        "`max_new_tokens` and than the bytes of text it saw streamed (plus a small slack), and "
+        "`prompt_tokens` no larger than what the text it sent could hold."
+    )
+    w(
+        "- **Time.** Every try of a message has an upper bound, "
+        "`OASST_SERVER_IN_PROGRESS_GRACE + max_new_tokens / OASST_SERVER_MIN_GENERATION_RATE` seconds, "
+        "pongs or not; past it the server sends `cancel` and retries the message elsewhere (or fails it)."
+    )
     w("")
     w("## Close codes")
     w("")

@@ -186,3 +186,30 @@ async def render_truncated(
         start += 1
         text, tokens = await _render(start)
     return RenderedPrompt(text=text, prompt_tokens=tokens, dropped_turns=start)
+
+
+# Tokenizers hardly ever make one token of more characters than this: a conversation cut to
+# ``max_input_tokens * MAX_CHARS_PER_TOKEN`` characters still holds everything an exact truncation keeps.
+MAX_CHARS_PER_TOKEN = 16
+
+
+def cut_to_budget(
+    turns: Sequence[ChatTurn], *, max_input_tokens: int, system_prompt: str | None = None
+) -> list[ChatTurn]:
+    """The newest turns that can matter for a prompt of ``max_input_tokens`` (the server's cut before it
+    sends the work; the worker's :func:`render_truncated` then cuts exactly, with the model's tokenizer).
+
+    Keeps a leading ``system`` turn and the newest turn whatever their size, then as many of the newest
+    other turns as fit in a character budget that no tokenizer's real budget exceeds.
+    """
+    turns = list(turns)
+    head = [turns.pop(0)] if turns and turns[0].role == "system" else []
+    if not turns:
+        return head
+    budget = max_input_tokens * MAX_CHARS_PER_TOKEN - len(system_prompt or "")
+    budget -= sum(len(t.content) for t in head) + len(turns[-1].content)
+    start = len(turns) - 1
+    while start > 0 and budget - len(turns[start - 1].content) >= 0:
+        budget -= len(turns[start - 1].content)
+        start -= 1
+    return head + turns[start:]

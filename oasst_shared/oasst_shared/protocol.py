@@ -26,7 +26,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    model_validator,
+)
 
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ModelConfig
@@ -34,7 +42,8 @@ from oasst_shared.sampling import SamplingParameters
 from oasst_shared.tool_calls import ToolCall, ToolChoice, ToolDefinition
 
 # 2 added TokenBatch; a server speaking 2 still accepts 1, whose workers send a frame per token.
-# 3 added capabilities, tools, tool calls and logprobs; a server speaking 3 still accepts 1 and 2.
+# 3 added worker capabilities, tools, tool calls, logprobs and WorkerError.backend_unavailable; a server
+# speaking 3 still accepts 1 and 2.
 PROTOCOL_VERSION = 3
 TOOLS_PROTOCOL_VERSION = 3
 MIN_SUPPORTED_PROTOCOL_VERSION = 1
@@ -47,6 +56,17 @@ CLOSE_POLICY_VIOLATION = 1008
 CLOSE_GOING_AWAY = 1001
 CLOSE_UNSUPPORTED_PROTOCOL = 4000
 CLOSE_UNAUTHORIZED = 4001
+CLOSE_UNSUPPORTED_DATA = 1003
+CLOSE_MESSAGE_TOO_BIG = 1009
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_TRY_AGAIN_LATER = 1013
+# The worker announced more than its API key allows (a model, slots or sockets): fatal for the worker.
+CLOSE_KEY_FORBIDS = 4003
+
+# The largest websocket message either side of the worker socket sends or accepts, in bytes (the
+# websockets ``max_size`` of both ends). A frame that would be larger is never sent: the server fails
+# the message it belongs to, the worker reports an error for its message instead.
+MAX_FRAME_BYTES = 1 << 20
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled"]
 BackendKind = Literal["tgi", "openai", "cpu", "embedding", "fake"]
@@ -55,6 +75,40 @@ Role = Literal["system", "user", "assistant", "tool"]
 
 class ProtocolError(ValueError):
     """A frame that is not valid JSON or does not match the schema."""
+
+
+def text_problem(value: str) -> str | None:
+    """Why ``value`` may not cross the worker socket (NUL, or not valid Unicode), or None."""
+    if "\x00" in value:
+        return "text holds a NUL character"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "text is not valid Unicode (a lone surrogate)"
+    return None
+
+
+def _valid_text(value: str) -> str:
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
+
+
+# Text a frame carries: no NUL, no lone surrogate (pydantic's JSON parser already refuses escaped ones).
+SafeText = Annotated[str, AfterValidator(_valid_text)]
+MessageId = Annotated[str, Field(min_length=1, max_length=64)]
+
+
+def frame_bytes(text: str) -> int:
+    """The UTF-8 size of a frame, without encoding it when its length alone settles the question."""
+    if len(text) * 4 <= MAX_FRAME_BYTES:
+        return len(text)
+    return len(text.encode("utf-8", "surrogatepass"))
+
+
+def fits_in_frame(text: str) -> bool:
+    return frame_bytes(text) <= MAX_FRAME_BYTES
 
 
 class _Frame(BaseModel):
@@ -175,8 +229,8 @@ class Pong(_Frame):
 
 class Token(_Frame):
     type: Literal["token"] = "token"
-    message_id: str = Field(description="The message being generated.")
-    text: str = Field(
+    message_id: MessageId = Field(description="The message being generated.")
+    text: SafeText = Field(
         description="The text of this token (never part of a stop sequence: those are held back)."
     )
     token_id: int | None = Field(None, description="The backend's token id, where known.")
@@ -204,8 +258,8 @@ class TokenBatch(_Frame):
 
 class GeneratedText(_Frame):
     type: Literal["generated_text"] = "generated_text"
-    message_id: str = Field(description="The message that finished.")
-    text: str = Field(description="The whole answer: the concatenation of the streamed token texts.")
+    message_id: MessageId = Field(description="The message that finished.")
+    text: SafeText = Field(description="The whole answer: the concatenation of the streamed token texts.")
     finish_reason: FinishReason = Field(description="Why generation stopped; `cancelled` after a `cancel`.")
     generated_tokens: int = Field(ge=0, description="Tokens generated.")
     prompt_tokens: int | None = Field(
@@ -222,22 +276,34 @@ class Embeddings(_Frame):
     """The result of an :class:`EmbedWork`: one vector per input, in input order."""
 
     type: Literal["embeddings"] = "embeddings"
-    message_id: str = Field(description="The embedding request that finished.")
+    message_id: MessageId = Field(description="The embedding request that finished.")
     embeddings: list[list[float]] = Field(min_length=1, description="One vector per input, in input order.")
     prompt_tokens: int = Field(ge=0, description="Tokens in all inputs together.")
 
 
 class WorkerError(_Frame):
-    """A job failed at the worker. ``retryable`` tells the server another worker may succeed."""
+    """A job failed at the worker. ``retryable`` tells the server another worker may succeed.
+
+    ``backend_unavailable`` (protocol 3): the backend refused before doing the work (no free slot,
+    connection refused, a 5xx), which is not the message's fault. The server re-queues the message
+    without counting the attempt and gives this worker no work until its pongs report a healthy backend.
+    """
 
     type: Literal["error"] = "error"
-    message_id: str | None = Field(
+    message_id: MessageId | None = Field(
         None, description="The failed job, or null for a problem of the worker itself (logged by the server)."
     )
-    error: str = Field(description="What went wrong, for the operator and, when final, the user.")
+    error: SafeText = Field(
+        max_length=4000, description="What went wrong, for the operator and, when final, the user."
+    )
     retryable: bool = Field(
         False,
         description="True: the server puts the message back in the queue (up to its attempt limit). False: the message fails with this error.",
+    )
+    backend_unavailable: bool = Field(
+        False,
+        description="Protocol 3: the backend refused before doing the work (no slot, connection refused, a "
+        "5xx); the message is re-queued without counting the attempt.",
     )
 
 
@@ -291,6 +357,15 @@ class Work(_Frame):
     def needs_protocol_3(self) -> bool:
         return bool(self.tools) or any(t.role == "tool" or t.tool_calls for t in self.thread)
 
+    @model_validator(mode="after")
+    def _text_is_valid(self) -> Work:
+        texts = [t.content for t in self.thread] + [self.system_prompt or "", self.raw_prompt or ""]
+        for text in texts:
+            problem = text_problem(text)
+            if problem is not None:
+                raise ValueError(f"the conversation's {problem}")
+        return self
+
 
 _PROTOCOL_3_WORK_FIELDS = {"tools", "tool_choice"}
 
@@ -308,7 +383,7 @@ class EmbedWork(_Frame):
     type: Literal["embed"] = "embed"
     message_id: str = Field(description="The embedding request.")
     model_config_name: str = Field(description="The encoder model config the request asked for.")
-    inputs: list[str] = Field(min_length=1, max_length=2048, description="The texts to embed.")
+    inputs: list[SafeText] = Field(min_length=1, max_length=2048, description="The texts to embed.")
     attempt: int = Field(default=1, ge=1, description="1 for the first try; higher on a retry.")
 
 

@@ -220,6 +220,14 @@ class RetryEvent(BaseModel):
     reason: str
 
 
+class GapEvent(BaseModel):
+    """The reader resumed from an event the stream no longer holds (trimmed to its length limit):
+    events were lost. Discard the partial text; the terminal ``message`` event has the whole answer."""
+
+    event_type: Literal["gap"] = "gap"
+    detail: str
+
+
 class MessageEvent(BaseModel):
     event_type: Literal["message"] = "message"
     message: MessageRead
@@ -232,7 +240,8 @@ class ErrorEvent(BaseModel):
 
 
 StreamEvent = Annotated[
-    PendingEvent | TokenEvent | RetryEvent | MessageEvent | ErrorEvent, Field(discriminator="event_type")
+    PendingEvent | TokenEvent | RetryEvent | GapEvent | MessageEvent | ErrorEvent,
+    Field(discriminator="event_type"),
 ]
 TERMINAL_EVENT_TYPES = frozenset({"message", "error"})
 
@@ -371,7 +380,18 @@ class AuthCheckResponse(BaseModel):
     display_name: str
 
 
-class CreateWorkerRequest(_Request):
+class WorkerLimits(_Request):
+    """What a worker key allows; a worker that announces more is refused (close code 4003).
+    None: any model config, ``max_slots_per_worker`` slots, any number of sockets."""
+
+    allowed_models: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
+        default=None, max_length=100, description="The model config names the key may serve"
+    )
+    max_slots: int | None = Field(default=None, ge=1, le=1024, description="Parallel requests per socket")
+    max_sockets: int | None = Field(default=None, ge=1, le=10_000, description="Sockets open at once")
+
+
+class CreateWorkerRequest(WorkerLimits):
     name: str = Field(min_length=1, max_length=128)
 
 
@@ -381,6 +401,9 @@ class WorkerRead(BaseModel):
     api_key_prefix: str
     created_at: datetime
     connected_sessions: int = 0
+    allowed_models: list[str] | None = None
+    max_slots: int | None = None
+    max_sockets: int | None = None
 
 
 class WorkerCreated(WorkerRead):

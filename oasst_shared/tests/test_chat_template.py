@@ -113,3 +113,21 @@ async def test_newest_turn_too_long_is_an_error():
 async def test_no_turns_is_an_error():
     with pytest.raises(ChatTemplateError):
         await render_truncated(CHATML_TEMPLATE, [], max_input_tokens=10)
+
+
+def test_cut_to_budget_keeps_the_system_turn_and_the_newest_turns() -> None:
+    from oasst_shared.chat_template import MAX_CHARS_PER_TOKEN, cut_to_budget
+    from oasst_shared.protocol import ChatTurn
+
+    big = "x" * (10 * MAX_CHARS_PER_TOKEN)  # a turn that needs a tenth of a 100-token budget
+    turns = [ChatTurn(role="system", content="be brief")]
+    turns += [ChatTurn(role="user" if i % 2 == 0 else "assistant", content=f"{i}{big}") for i in range(30)]
+    kept = cut_to_budget(turns, max_input_tokens=100, system_prompt="s" * 50)
+    assert kept[0] == turns[0] and kept[-1] == turns[-1]
+    assert 1 < len(kept) - 1 < 10  # the newest that fit, oldest dropped
+    assert kept[1:] == turns[-(len(kept) - 1) :]
+    assert sum(len(t.content) for t in kept) + 50 <= 100 * MAX_CHARS_PER_TOKEN + len(turns[-1].content)
+    # The newest turn stays whatever its size (the worker's exact cut decides if it fits at all).
+    huge = [ChatTurn(role="user", content="y" * 10_000_000)]
+    assert cut_to_budget(huge, max_input_tokens=100) == huge
+    assert cut_to_budget(turns[:3], max_input_tokens=100_000) == turns[:3]

@@ -140,3 +140,49 @@ def test_cap_max_new_tokens():
     assert config.cap_max_new_tokens(50, prompt_tokens=100) == 50
     assert config.cap_max_new_tokens(500, prompt_tokens=100) == 100
     assert config.cap_max_new_tokens(500, prompt_tokens=199) == 1
+
+
+# ---------------------------------------------------------------- frame limit and text (issue 11)
+
+
+def test_text_no_frame_may_carry_is_refused_in_worker_frames() -> None:
+    import pytest
+
+    from oasst_shared.protocol import ProtocolError, parse_worker_frame
+
+    for text in ('"a\\u0000b"', '"a\\ud800b"', '"\\udfff"'):
+        with pytest.raises(ProtocolError):
+            parse_worker_frame('{"type": "token", "message_id": "m", "text": ' + text + "}")
+        with pytest.raises(ProtocolError):
+            parse_worker_frame(
+                '{"type": "generated_text", "message_id": "m", "finish_reason": "length", '
+                '"generated_tokens": 1, "text": ' + text + "}"
+            )
+    assert parse_worker_frame('{"type": "token", "message_id": "m", "text": "caf\\u00e9 \\ud83d\\ude00"}')
+
+
+def test_work_with_text_no_frame_may_carry_cannot_be_built() -> None:
+    import pytest
+    from pydantic import ValidationError
+
+    from oasst_shared.protocol import ChatTurn, Work
+
+    with pytest.raises(ValidationError, match="NUL"):
+        Work(message_id="m", model_config_name="x", thread=[ChatTurn(role="user", content="a\x00")])
+    with pytest.raises(ValidationError, match="surrogate"):
+        Work(
+            message_id="m",
+            model_config_name="x",
+            thread=[ChatTurn(role="user", content="hi")],
+            system_prompt="\ud800",
+        )
+
+
+def test_frame_size_is_counted_in_utf8_bytes() -> None:
+    from oasst_shared.protocol import MAX_FRAME_BYTES, fits_in_frame, frame_bytes
+
+    assert frame_bytes("abc") == 3
+    assert fits_in_frame("a" * MAX_FRAME_BYTES) and not fits_in_frame("a" * (MAX_FRAME_BYTES + 1))
+    # Four bytes a character: a quarter of the limit in characters already fills it.
+    emoji = "\U0001f600" * (MAX_FRAME_BYTES // 4)
+    assert fits_in_frame(emoji) and not fits_in_frame(emoji + "x")

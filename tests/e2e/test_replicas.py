@@ -113,3 +113,91 @@ def test_a_worker_on_one_replica_serves_a_client_of_another(replicas, cpu_backen
         worker.stop()
         if worker.alive():
             worker.kill()
+
+
+def test_a_worker_key_bounds_models_slots_and_sockets_on_every_replica(
+    replicas, cpu_backend: BackendProcess, tmp_path
+):
+    import asyncio
+    import json
+
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    from oasst_shared.model_configs import SMOLLM2_135M
+    from oasst_shared.protocol import (
+        CLOSE_KEY_FORBIDS,
+        CLOSE_UNAUTHORIZED,
+        PROTOCOL_VERSION,
+        WorkerInfo,
+        dump_frame,
+    )
+
+    first, second = replicas
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    allowed = f"fake-{uuid.uuid4().hex[:6]}"
+    limits = {"allowed_models": [allowed], "max_slots": 2, "max_sockets": 1}
+    created = httpx.post(f"{second}/admin/workers", json={"name": "bounded", **limits}, headers=admin)
+    assert created.status_code == 201, created.text
+    assert {k: created.json()[k] for k in limits} == limits
+    worker_id, key = created.json()["id"], created.json()["api_key"]
+
+    def info(name: str, slots: int) -> str:
+        config = SMOLLM2_135M.model_copy(update={"name": name})
+        return dump_frame(WorkerInfo(model_config=config, max_parallel_requests=slots, backend_kind="fake"))
+
+    async def closed_with(url: str, hello: str) -> tuple[int | None, str]:
+        headers = {"X-API-Key": key, "X-Protocol-Version": str(PROTOCOL_VERSION)}
+        async with connect(url.replace("http", "ws") + "/workers/work", additional_headers=headers) as ws:
+            await ws.send(hello)
+            try:
+                while True:
+                    json.loads(await asyncio.wait_for(ws.recv(), 3))
+            except (ConnectionClosed, asyncio.TimeoutError):
+                pass
+            return ws.close_code, ws.close_reason or ""
+
+    async def scenario() -> None:
+        code, reason = await closed_with(first, info("some-other-model", 1))
+        assert code == CLOSE_KEY_FORBIDS and "model config" in reason
+        code, reason = await closed_with(first, info(allowed, 3))
+        assert code == CLOSE_KEY_FORBIDS and "at most 2" in reason
+        headers = {"X-API-Key": key, "X-Protocol-Version": str(PROTOCOL_VERSION)}
+        async with connect(first.replace("http", "ws") + "/workers/work", additional_headers=headers) as held:
+            await held.send(info(allowed, 2))
+            await asyncio.to_thread(wait_for_model, second, allowed)
+            # The socket limit counts the sockets of every replica.
+            code, reason = await closed_with(second, info(allowed, 1))
+            assert code == CLOSE_KEY_FORBIDS and "sockets" in reason
+            # A new key, issued on the other replica, closes the socket opened with the old one.
+            rotated = httpx.post(f"{second}/admin/workers/{worker_id}/api_key", headers=admin)
+            assert rotated.status_code == 200
+            try:
+                while True:
+                    json.loads(await asyncio.wait_for(held.recv(), 10))
+            except ConnectionClosed:
+                pass
+            assert held.close_code == CLOSE_UNAUTHORIZED
+
+    asyncio.run(scenario())
+
+    # A real worker whose key does not allow its model gives up with a clear message.
+    narrow = httpx.post(
+        f"{first}/admin/workers", json={"name": "narrow", "allowed_models": ["nope"]}, headers=admin
+    ).json()
+    worker = start_process(
+        "narrow-worker",
+        "oasst_worker",
+        {
+            "OASST_WORKER_SERVER_URL": first.replace("http://", "ws://", 1),
+            "OASST_WORKER_API_KEY": narrow["api_key"],
+            "OASST_WORKER_BACKEND_URL": cpu_backend.url,
+        },
+        tmp_path,
+    )
+    try:
+        assert worker.proc.wait(timeout=90) == 2
+        assert "API key does not allow it" in worker.log_tail() and "model config" in worker.log_tail()
+    finally:
+        if worker.alive():
+            worker.kill()

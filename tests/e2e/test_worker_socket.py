@@ -13,10 +13,13 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import (
+    MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    Drain,
     GeneratedText,
     Token,
     TokenBatch,
+    WorkerError,
     WorkerInfo,
     dump_frame,
 )
@@ -123,3 +126,106 @@ async def test_token_frames_and_token_batches_reach_readers_alike(stack, version
     assert events[-1].data["event_type"] == "message"
     assert events[-1].data["message"]["state"] == "complete"
     assert events[-1].data["message"]["content"] == "Hello, world"
+
+
+# ---------------------------------------------------------------- the worker-socket fuzzer
+
+
+def fuzz_frames(victim_message_id: str) -> list[str | bytes]:
+    """Malformed, oversized, out-of-order, wrong-type and wrong-message frames, sent after worker_info."""
+    other = "m-" + uuid.uuid4().hex[:8]
+    nested = "[" * 5000 + "]" * 5000
+    return [
+        "garbage",
+        "",
+        "null",
+        "[]",
+        "{}",
+        nested,
+        '{"type": "no_such_frame"}',
+        '{"type": "token"}',
+        '{"type": "token", "message_id": 5, "text": "x"}',
+        '{"type": "token", "message_id": "' + "x" * 100 + '", "text": "x"}',
+        '{"type": "token_batch", "tokens": []}',
+        '{"type": "token_batch", "tokens": [1, "a", null]}',
+        '{"type": "pong", "ping_id": "p", "free_slots": -1}',
+        '{"type": "pong", "ping_id": "p", "free_slots": 1e400}',
+        '{"type": "generated_text", "message_id": "x", "text": "t", "finish_reason": "sideways", '
+        '"generated_tokens": 1}',
+        '{"type": "token", "message_id": "' + other + '", "text": "\\ud800"}',
+        '{"type": "token", "message_id": "' + other + '", "text": "nul \\u0000 here"}',
+        b"\x00\x01binary",
+        "x" * (MAX_FRAME_BYTES + 10),
+        dump_frame(WorkerInfo(model_config=SMOLLM2_135M, max_parallel_requests=1, backend_kind="fake")),
+        # Frames about a message this connection does not hold (another worker's): ignored.
+        dump_frame(Token(message_id=victim_message_id, text=" HIJACKED")),
+        dump_frame(TokenBatch(tokens=[Token(message_id=victim_message_id, text=" HIJACKED")])),
+        dump_frame(WorkerError(message_id=victim_message_id, error="forged", retryable=False)),
+        dump_frame(
+            GeneratedText(
+                message_id=victim_message_id, text="forged", finish_reason="length", generated_tokens=1
+            )
+        ),
+        dump_frame(Drain()),
+    ]
+
+
+async def test_a_worker_socket_fuzzer_leaves_the_server_and_other_workers_untouched(stack):
+    """A hostile worker sends every kind of bad frame, each on a fresh socket; meanwhile another
+    worker streams an answer to a reader. The server stays healthy, and the answer arrives whole,
+    in one attempt, with no retry."""
+    config = SMOLLM2_135M.model_copy(update={"name": f"fake-{uuid.uuid4().hex[:6]}"})
+    info = WorkerInfo(model_config=config, max_parallel_requests=1, backend_kind="fake")
+    async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers()) as victim:
+        await victim.send(dump_frame(info))
+        await asyncio.to_thread(wait_for_model, stack.url, config.name)
+        api = ChatApi(stack.url, f"user-{uuid.uuid4().hex[:8]}")
+        chat_id = api.create_chat()
+        prompter = api.prompter(chat_id, "Count")
+        prompter.raise_for_status()
+        answer = api.assistant(chat_id, prompter.json()["id"], config.name, max_new_tokens=64)
+        answer.raise_for_status()
+        message_id = answer.json()["id"]
+        while json.loads(await asyncio.wait_for(victim.recv(), 10))["type"] != "work":
+            pass
+        reader = asyncio.create_task(asyncio.to_thread(api.events, chat_id, message_id))
+        pieces = []
+        closes: dict[str, int | None] = {}
+        for index, bad in enumerate(fuzz_frames(message_id)):
+            piece = f" t{index}"
+            pieces.append(piece)
+            await victim.send(dump_frame(Token(message_id=message_id, text=piece)))
+            # The fuzzer serves the victim's model too: the server may consider it for that work.
+            async with connect(
+                f"{stack.ws_url}/workers/work", additional_headers=headers(), max_size=None
+            ) as fuzzer:
+                await fuzzer.send(hello() if index % 2 else dump_frame(info))
+                await fuzzer.send(bad)
+                try:
+                    while True:
+                        got = json.loads(await asyncio.wait_for(fuzzer.recv(), 0.5))
+                        assert got["type"] in ("ping", "work", "cancel"), got
+                except (asyncio.TimeoutError, ConnectionClosed):
+                    pass
+                closes[repr(bad)[:40]] = fuzzer.close_code
+            async with httpx.AsyncClient(base_url=stack.url) as client:
+                assert (await client.get("/health")).status_code == 200
+        # Closes: only codes that name the peer's fault (or none: the frame was ignored).
+        assert set(closes.values()) <= {None, 1003, 1008, 1009}, closes
+        assert closes[repr("x" * (MAX_FRAME_BYTES + 10))[:40]] == 1009
+        result = GeneratedText(
+            message_id=message_id,
+            text="".join(pieces),
+            finish_reason="eos_token",
+            generated_tokens=len(pieces),
+        )
+        await victim.send(dump_frame(result))
+        events = await asyncio.wait_for(reader, 60)
+        # The victim is still connected: it still gets pings.
+        while json.loads(await asyncio.wait_for(victim.recv(), 30))["type"] != "ping":
+            pass
+    kinds = [e.data["event_type"] for e in events]
+    assert "retry" not in kinds and kinds[-1] == "message"
+    assert [e.data["text"] for e in events if e.data["event_type"] == "token"] == pieces
+    final = events[-1].data["message"]
+    assert final["state"] == "complete" and final["attempts"] == 1 and final["content"] == "".join(pieces)

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 
 from tests.support.fake_workers import FAST_TIMINGS, FakeBackend, start_fake_backend
-from tests.support.services import REDIS_URL
+from tests.support.services import REDIS_URL, fresh_database
 from tests.support.stacks import BackendProcess, Stack, start_stack
 
 
@@ -21,9 +21,17 @@ def fake_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[FakeBacke
 
 
 @pytest.fixture(scope="module")
+def fault_database() -> Iterator[str]:
+    # A database of its own: another stack's recovery loop on a shared database re-queues these tests'
+    # pending messages on its own broker, and its workers of the same model answer them there.
+    with fresh_database("oasst_faults") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def fault_stack(
     cpu_backend: BackendProcess,
-    postgres_url: str,
+    fault_database: str,
     redis_prefix: str,
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Stack]:
@@ -32,7 +40,7 @@ def fault_stack(
     stack = start_stack(
         log_dir,
         cpu_backend.url,
-        postgres_url,
+        fault_database,
         REDIS_URL,
         workers=0,
         OASST_SERVER_REDIS_KEY_PREFIX=f"{redis_prefix}faults:{uuid.uuid4().hex[:6]}:",

@@ -21,41 +21,12 @@ from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import PROTOCOL_VERSION, Drain, WorkerInfo, dump_frame
 from tests.e2e.chat_api import ChatApi, tokens_text
 from tests.support.fake_workers import fake_model, start_fake_worker
+from tests.support.fault_flows import final_of, new_api, queue, start_redis, wait_state
 from tests.support.processes import free_port, start_process, wait_for_model, wait_http_ok
 from tests.support.services import REDIS_URL
 from tests.support.stacks import WORKER_API_KEY
 
 pytestmark = pytest.mark.slow
-
-
-def new_api(stack) -> ChatApi:
-    return ChatApi(stack.url, f"user-{uuid.uuid4().hex[:8]}")
-
-
-def queue(api: ChatApi, model: str, content: str, **sampling):
-    chat_id = api.create_chat()
-    prompter = api.prompter(chat_id, content)
-    prompter.raise_for_status()
-    response = api.assistant(chat_id, prompter.json()["id"], model, **sampling)
-    response.raise_for_status()
-    return chat_id, response.json()["id"]
-
-
-def final_of(events):
-    assert events, "no events"
-    kinds = [e.data["event_type"] for e in events]
-    assert kinds.count("message") + kinds.count("error") == 1 and kinds[-1] in ("message", "error")
-    return events[-1].data
-
-
-def wait_state(api: ChatApi, chat_id: str, message_id: str, states: set[str], timeout: float = 60) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        message = api.client.get(f"/chats/{chat_id}/messages/{message_id}").json()
-        if message["state"] in states:
-            return message
-        time.sleep(0.2)
-    raise AssertionError(f"message stayed {message['state']}, expected {states}")
 
 
 def test_worker_killed_mid_stream_the_answer_completes_on_another(fault_stack, cpu_backend):
@@ -124,22 +95,6 @@ class DrainingWorker:
 
     async def __aexit__(self, *exc_info):
         await self.ws.close()
-
-
-def start_redis(port: int):
-    import subprocess
-
-    proc = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL
-    )
-    with redis.Redis(port=port) as client:
-        for _ in range(100):
-            try:
-                client.ping()
-                return proc
-            except redis.ConnectionError:
-                time.sleep(0.1)
-    raise RuntimeError("redis-server did not start")
 
 
 @pytest.mark.parametrize("fault", ["flush", "restart"])

@@ -7,7 +7,9 @@ Run: ``python tests/support/fake_backend.py PORT``. What it does depends on a ma
 * ``[[drop]]``   three tokens, then the connection is cut
 * ``[[error]]``  a 500 generation error before any token
 * ``[[invalid]]`` a 422 validation error (not retryable)
-* ``[[busy]]``   a 429 overloaded error (retryable)
+* ``[[busy]]``   a 429 overloaded error (the backend has no room: not the message's fault)
+* ``[[nul]]``    three tokens, the second holding a NUL character (text no frame may carry)
+* ``[[huge]]``   max_new_tokens tokens of 2,000 characters each (an answer over the frame limit)
 * otherwise     ``max_new_tokens`` tokens at once, then eos
 
 ``GET /stats`` reports how many streams started, finished and were disconnected by the client.
@@ -69,13 +71,20 @@ async def generate_stream(request: Request) -> Response:
                 for i in range(3):
                     yield _chunk(i + 1, f" d{i}")
                 raise ConnectionResetError("scripted drop")
+            if "[[nul]]" in prompt:
+                yield _chunk(1, " n1")
+                yield _chunk(2, " n\u0000")
+                yield _chunk(3, " n3", final=" n1 n\u0000 n3")
+                STATS["finished"] += 1
+                return
             delay = 0.05 if "[[slow]]" in prompt else 0.0
             text = ""
             for i in range(1, max_new + 1):
-                piece = f" w{i}"
+                piece = f" {'h' * 1999}" if "[[huge]]" in prompt else f" w{i}"
                 text += piece
                 if i == max_new:
-                    yield _chunk(i, piece, final=text, reason="length")
+                    # A huge answer's full text would be one SSE line past the client's line limit.
+                    yield _chunk(i, piece, final="" if "[[huge]]" in prompt else text, reason="length")
                 else:
                     yield _chunk(i, piece)
                 if delay:

@@ -20,9 +20,11 @@ FAST_TIMINGS = {
     "OASST_SERVER_LEASE_SECONDS": "4",
     "OASST_SERVER_RECOVERY_INTERVAL": "0.5",
     "OASST_SERVER_REQUEUE_GRACE": "1",
-    "OASST_SERVER_NO_WORKER_TIMEOUT": "4",
+    # Long enough for a worker process to start on a loaded machine (the tests start them late on purpose).
+    "OASST_SERVER_NO_WORKER_TIMEOUT": "10",
     "OASST_SERVER_MAX_ATTEMPTS": "3",
     "OASST_SERVER_PENDING_UPDATE_INTERVAL": "0.3",
+    "OASST_SERVER_MAX_BACKEND_REFUSALS": "2",
 }
 
 

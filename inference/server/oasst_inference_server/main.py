@@ -49,6 +49,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             stream_ttl=settings.stream_ttl_seconds,
             stream_maxlen=settings.stream_maxlen,
             max_connections=settings.redis_max_connections,
+            stream_idle_ttl=settings.stream_idle_ttl_seconds,
         )
         await broker.start()
         session_factory = make_session_factory(engine)

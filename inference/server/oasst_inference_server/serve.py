@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from oasst_inference_server.logging_setup import configure_logging
 from oasst_inference_server.main import create_app
 from oasst_inference_server.settings import Settings, get_settings
+from oasst_shared.protocol import MAX_FRAME_BYTES
 
 _UVICORN_OPTIONS: dict[str, Any] = {
     "log_config": None,
@@ -18,6 +19,8 @@ _UVICORN_OPTIONS: dict[str, Any] = {
     # Worker frames are a few dozen bytes: deflate would cost CPU per token on both ends and save
     # next to nothing.
     "ws_per_message_deflate": False,
+    # The one frame limit of the worker socket, shared with the worker (oasst_shared.protocol).
+    "ws_max_size": MAX_FRAME_BYTES,
 }
 
 

@@ -54,6 +54,14 @@ class Settings(BaseSettings):
     stream_maxlen: int = Field(
         default=20_000, ge=100, description="Most events kept in one message's stream."
     )
+    stream_idle_ttl_seconds: float = Field(
+        default=3600.0,
+        gt=0,
+        description=(
+            "A stream that never gets its terminal event (its chat was deleted mid-answer) expires this "
+            "long after its last event; keep it above the in-progress bound"
+        ),
+    )
 
     auth_secret: str = Field(default=DEV_AUTH_SECRET, description="Signs access and refresh tokens")
     access_token_expire_minutes: int = Field(
@@ -82,6 +90,31 @@ class Settings(BaseSettings):
     )
     lease_seconds: float = Field(default=30.0, gt=0, description="Extended by every token and pong")
     max_attempts: int = Field(default=3, ge=1, description="Tries per message before it fails")
+    max_slots_per_worker: int = Field(
+        default=256,
+        ge=1,
+        le=1024,
+        description="The most parallel requests one worker socket may announce (a key may allow fewer)",
+    )
+    max_backend_refusals: int = Field(
+        default=20,
+        ge=0,
+        description=(
+            "Times a message may be handed back because a worker's backend had no room or was down "
+            "without spending an attempt; past it every refusal counts as an attempt"
+        ),
+    )
+    min_generation_rate: float = Field(
+        default=2.0,
+        gt=0,
+        description=(
+            "Tokens per second a generation must average at least: a message in progress longer than "
+            "in_progress_grace + max_new_tokens / min_generation_rate is retried or failed, pings or not"
+        ),
+    )
+    in_progress_grace: float = Field(
+        default=120.0, gt=0, description="Seconds added to the in-progress bound (prompt reading, queueing)"
+    )
 
     recovery_interval: float = Field(default=2.0, gt=0, description="Seconds between recovery passes")
     requeue_grace: float = Field(default=5.0, ge=0, description="Age before a pending message is re-queued")
@@ -210,6 +243,10 @@ class Settings(BaseSettings):
         if self.processes > 1 and (not (self.broker_url or "").startswith("redis") or self.is_sqlite):
             raise ValueError("OASST_SERVER_PROCESSES > 1 needs the Redis broker and Postgres")
         return self
+
+    def in_progress_bound(self, max_new_tokens: int) -> float:
+        """Seconds a message may stay in_progress on one try."""
+        return self.in_progress_grace + max_new_tokens / self.min_generation_rate
 
     @property
     def is_sqlite(self) -> bool:

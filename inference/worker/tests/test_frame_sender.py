@@ -183,3 +183,42 @@ async def test_stopping_the_writer_fails_frames_it_did_not_write(socket: GatedSo
 def test_max_pending_must_be_positive(socket: GatedSocket) -> None:
     with pytest.raises(ValueError, match="max_pending"):
         FrameSender(socket, max_pending=0)
+
+
+# ---------------------------------------------------------------- the frame limit (issue 11)
+
+
+async def test_a_batch_over_the_frame_limit_is_split_and_nothing_is_lost(
+    socket: GatedSocket, sender: FrameSender
+) -> None:
+    from oasst_shared.protocol import MAX_FRAME_BYTES
+
+    big = "x" * (MAX_FRAME_BYTES // 8)
+    socket.gate.clear()
+    await sender.send(token("a", "first"))
+    await settle()
+    for i in range(12):  # twelve eighths of the limit queue up behind the first write
+        await sender.send(token("a", f"{i}{big}"))
+    socket.gate.set()
+    await settle()
+    assert all(len(text.encode()) <= MAX_FRAME_BYTES for text in socket.sent)
+    assert len(socket.sent) >= 3
+    assert socket.tokens() == [("a", "first")] + [("a", f"{i}{big}") for i in range(12)]
+
+
+async def test_a_result_over_the_frame_limit_becomes_an_error_for_its_message_only(
+    socket: GatedSocket, sender: FrameSender
+) -> None:
+    from oasst_shared.protocol import MAX_FRAME_BYTES, WorkerError
+
+    huge = GeneratedText(
+        message_id="big", text="y" * (MAX_FRAME_BYTES + 1), finish_reason="length", generated_tokens=1
+    )
+    await sender.send(huge)  # returns once written, as any result
+    await sender.send(
+        GeneratedText(message_id="small", text="ok", finish_reason="length", generated_tokens=1)
+    )
+    frames = socket.frames()
+    assert isinstance(frames[0], WorkerError) and frames[0].message_id == "big" and not frames[0].retryable
+    assert "frame" in frames[0].error
+    assert isinstance(frames[1], GeneratedText) and frames[1].message_id == "small"

@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from oasst_inference_server import domain_errors as de
 from oasst_inference_server.errors import ApiError
+from oasst_inference_server.outages import RETRY_AFTER_SECONDS, is_outage
 from oasst_shared.openai_schemas import ErrorInfo, ErrorResponse
 
 OPENAI_PATH_PREFIX = "/v1/"
@@ -128,6 +129,22 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        if is_outage(exc):
+            # The database or the broker is briefly unreachable: ask again later, not a server fault.
+            logger.warning(
+                "{} {}: storage unavailable: {}: {}",
+                request.method,
+                request.url.path,
+                type(exc).__name__,
+                exc,
+            )
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+            detail = "the service is briefly unavailable; retry shortly"
+            if _is_openai(request):
+                return openai_error(503, detail, "service_unavailable", headers=headers)
+            return JSONResponse(
+                {"detail": detail, "code": "service_unavailable"}, status_code=503, headers=headers
+            )
         logger.opt(exception=exc).error("unhandled error on {} {}", request.method, request.url.path)
         if _is_openai(request):
             return openai_error(500, "internal server error", "internal_error")

@@ -22,11 +22,14 @@ def create_broker(
     stream_ttl: float = 600.0,
     stream_maxlen: int = 10000,
     max_connections: int = 512,
+    stream_idle_ttl: float = 3600.0,
 ) -> Broker:
     """The broker a URL names: None or ``memory://`` -> in-process; ``redis://``, ``rediss://``,
     ``unix://`` -> Redis. The caller still has to ``await broker.start()``."""
     if url is None or not url.strip() or url.strip() == "memory://":
-        return InMemoryBroker(stream_ttl=stream_ttl, stream_maxlen=stream_maxlen)
+        return InMemoryBroker(
+            stream_ttl=stream_ttl, stream_maxlen=stream_maxlen, stream_idle_ttl=stream_idle_ttl
+        )
     scheme = urlsplit(url.strip()).scheme.lower()
     if scheme in _REDIS_SCHEMES:
         return RedisBroker(
@@ -35,6 +38,7 @@ def create_broker(
             stream_ttl=stream_ttl,
             stream_maxlen=stream_maxlen,
             max_connections=max_connections,
+            stream_idle_ttl=stream_idle_ttl,
         )
     raise ValueError(
         f"unsupported broker URL scheme {scheme!r}: use memory:// or one of "

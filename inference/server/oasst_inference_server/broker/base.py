@@ -104,6 +104,11 @@ class Broker(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def first_kept_if_trimmed(self, stream: str) -> str | None:
+        """If the stream dropped entries to keep its length limit, the id of its oldest kept entry
+        (a reader resuming from an older id may have missed events); None if it dropped none."""
+
+    @abc.abstractmethod
     async def stream_exists(self, stream: str) -> bool:
         """True while the stream holds any entry (it has not expired or been deleted)."""
 

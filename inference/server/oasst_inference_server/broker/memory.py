@@ -24,6 +24,8 @@ class _Stream:
     entries: list[StreamEntry] = field(default_factory=list)
     expires_at: float | None = None  # loop time
     expiry: asyncio.TimerHandle | None = None
+    trimmed: bool = False
+    ended: bool = False  # its terminal event came: expires_at is the terminal TTL's
 
 
 @dataclass(eq=False)
@@ -61,13 +63,16 @@ class _Subscription:
 
 
 class InMemoryBroker(Broker):
-    def __init__(self, *, stream_ttl: float = 600.0, stream_maxlen: int = 10000) -> None:
+    def __init__(
+        self, *, stream_ttl: float = 600.0, stream_maxlen: int = 10000, stream_idle_ttl: float = 3600.0
+    ) -> None:
         if stream_ttl <= 0:
             raise ValueError("stream_ttl must be positive")
         if stream_maxlen < 1:
             raise ValueError("stream_maxlen must be at least 1")
         self.stream_ttl = stream_ttl
         self.stream_maxlen = stream_maxlen
+        self.stream_idle_ttl = stream_idle_ttl
         self._closed = False
         self._queues: dict[str, _WorkQueue] = {}
         self._streams: dict[str, _Stream] = {}
@@ -182,10 +187,16 @@ class InMemoryBroker(Broker):
             stream.expiry.cancel()
 
     def _expire(self, name: str, stream: _Stream) -> None:
-        # Unconditional: the loop may run a timer a clock tick early, and a later terminal event
-        # cancels this timer and starts another.
-        if self._streams.get(name) is stream:
-            self._drop_stream(name)
+        # The loop may run a timer a clock tick early (hence the slack), and a later terminal event
+        # cancels this timer and starts another; an idle expiry pushed back by later events re-arms.
+        if self._streams.get(name) is not stream:
+            return
+        loop = asyncio.get_running_loop()
+        remaining = (stream.expires_at or 0.0) - loop.time()
+        if not stream.ended and remaining > 0.05:
+            stream.expiry = loop.call_later(remaining, self._expire, name, stream)
+            return
+        self._drop_stream(name)
 
     async def append_event(self, stream: str, data: str, *, terminal: bool = False) -> str:
         record = self._live_stream(stream)
@@ -196,15 +207,22 @@ class InMemoryBroker(Broker):
         record.entries.append(StreamEntry(str(entry_id), data))
         excess = len(record.entries) - self.stream_maxlen
         if excess > 0:
+            record.trimmed = True
             del record.ids[:excess]
             del record.entries[:excess]
+        loop = asyncio.get_running_loop()
         if terminal:
-            loop = asyncio.get_running_loop()
             if record.expiry is not None:
                 record.expiry.cancel()
+            record.ended = True
             record.expires_at = loop.time() + self.stream_ttl
             # Lazy expiry alone would keep a finished stream nobody reads again in memory forever.
             record.expiry = loop.call_later(self.stream_ttl, self._expire, stream, record)
+        elif not record.ended:
+            # A stream whose terminal event never comes (its chat deleted mid-answer) still expires.
+            record.expires_at = loop.time() + self.stream_idle_ttl
+            if record.expiry is None:
+                record.expiry = loop.call_later(self.stream_idle_ttl, self._expire, stream, record)
         signal = self._signals.get(stream)
         if signal is not None:
             signal.event.set()
@@ -247,6 +265,12 @@ class InMemoryBroker(Broker):
             signal.waiters -= 1
             if signal.waiters == 0 and self._signals.get(stream) is signal:
                 del self._signals[stream]
+
+    async def first_kept_if_trimmed(self, stream: str) -> str | None:
+        record = self._live_stream(stream)
+        if record is None or not record.trimmed or not record.ids:
+            return None
+        return str(record.ids[0])
 
     async def stream_exists(self, stream: str) -> bool:
         record = self._live_stream(stream)

@@ -31,7 +31,7 @@ from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from oasst_inference_server.broker.base import Broker, BrokerError, StreamEntry, WorkerSessionRecord
 from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
@@ -69,10 +69,12 @@ local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 return tonumber(string.match(last[1][1], '^(%d+)')) - now_ms
 """
 
-# XADDs each ARGV[i + 1] to KEYS[i] (ARGV[1] is the approximate MAXLEN), in order.
+# XADDs each ARGV[i + 2] to KEYS[i] (ARGV[1] is the approximate MAXLEN), in order, and pushes each
+# stream's expiry to ARGV[2] ms from now: a stream whose terminal event never comes still expires.
 _APPEND_EVENTS = f"""
 for i, key in ipairs(KEYS) do
-    redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', '{_DATA_FIELD}', ARGV[i + 1])
+    redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', '{_DATA_FIELD}', ARGV[i + 2])
+    redis.call('PEXPIRE', key, ARGV[2])
 end
 return #KEYS
 """
@@ -123,6 +125,7 @@ class RedisBroker(Broker):
         stream_ttl: float = 600.0,
         stream_maxlen: int = 10000,
         max_connections: int = 512,
+        stream_idle_ttl: float = 3600.0,
         pool_timeout: float = 10.0,
         socket_timeout: float = 30.0,
         socket_connect_timeout: float = 5.0,
@@ -139,6 +142,7 @@ class RedisBroker(Broker):
         self.keys = RedisKeys(key_prefix)
         self.stream_ttl = stream_ttl
         self.stream_maxlen = stream_maxlen
+        self.stream_idle_ttl = stream_idle_ttl
         # A blocking command must answer before the socket timeout fires, so long waits are split into
         # several blocking calls of at most this length.
         self._max_block = max(0.05, socket_timeout - min(5.0, socket_timeout / 2))
@@ -265,7 +269,10 @@ class RedisBroker(Broker):
         fields: dict[Any, Any] = {_DATA_FIELD: data}
         with _translated("XADD"):
             if not terminal:
-                entry_id = await self._client.xadd(key, fields, maxlen=self.stream_maxlen, approximate=True)
+                async with self._client.pipeline(transaction=True) as pipe:
+                    pipe.xadd(key, fields, maxlen=self.stream_maxlen, approximate=True)
+                    pipe.pexpire(key, _ms(self.stream_idle_ttl))  # expires even if never ended
+                    entry_id, _ = await pipe.execute()
                 return str(entry_id)
             # One transaction, so a terminal event can never be left without its expiry.
             async with self._client.pipeline(transaction=True) as pipe:
@@ -281,7 +288,10 @@ class RedisBroker(Broker):
         with _translated("XADD batch"):
             # One script call instead of one XADD each: one command to encode and one reply to parse,
             # which is most of what a token costs the server (a pipeline still parses a reply per XADD).
-            await self._append_events(keys=keys, args=[self.stream_maxlen, *(data for _, data in entries)])
+            await self._append_events(
+                keys=keys,
+                args=[self.stream_maxlen, _ms(self.stream_idle_ttl), *(data for _, data in entries)],
+            )
 
     async def read_events(
         self, stream: str, after: str | None, timeout: float, count: int = 512
@@ -304,6 +314,19 @@ class RedisBroker(Broker):
                 if entries:
                     return entries
         return []
+
+    async def first_kept_if_trimmed(self, stream: str) -> str | None:
+        with _translated("XINFO STREAM"):
+            try:
+                info = await self._client.xinfo_stream(self.keys.stream(stream))
+            except ResponseError:  # no such stream
+                return None
+        # Redis 7 counts every entry ever added: more than it holds means some were trimmed.
+        added, length, first = info.get("entries-added"), info.get("length"), info.get("first-entry")
+        if added is None or length is None or not first or int(added) <= int(length):
+            return None
+        first_id = first[0]
+        return first_id.decode() if isinstance(first_id, bytes) else str(first_id)
 
     async def stream_exists(self, stream: str) -> bool:
         with _translated("EXISTS"):

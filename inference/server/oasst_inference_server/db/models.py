@@ -76,6 +76,11 @@ class DbMessage(SQLModel, table=True):
     lease_deadline: datetime | None = None
     attempts: int = 0
     cancel_requested: bool = False
+    # The latest moment an in_progress may last, set at each claim (settings.in_progress_bound), pings
+    # or not; past it the recovery loop retries or fails the message.
+    generation_deadline: datetime | None = None
+    # Times a backend refused this message for want of capacity; refunded up to max_backend_refusals.
+    backend_refusals: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     # For requests without a chat: the thread / raw prompt / embedding inputs to send the worker.
     request_payload: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     # Results that are not text (embedding vectors).
@@ -140,6 +145,10 @@ class DbWorker(SQLModel, table=True):
     api_key_hash: str = Field(max_length=64, unique=True)
     api_key_prefix: str = Field(max_length=16)  # shown in listings so keys can be told apart
     created_at: datetime = Field(default_factory=utcnow)
+    # What the key allows; None: any model config / settings.max_slots_per_worker / no socket limit.
+    allowed_models: list[str] | None = Field(default=None, sa_column=Column(JSON))
+    max_slots: int | None = None
+    max_sockets: int | None = None
 
 
 class DbWorkerEvent(SQLModel, table=True):

@@ -1,4 +1,4 @@
 """Running generations: message lifecycle, event encoding, worker connections and registry, relay, recovery.
 
-May import metrics, db, broker, settings, errors; not auth or anything above.
+May import metrics, outages, db, broker, settings, errors; not auth or anything above.
 """

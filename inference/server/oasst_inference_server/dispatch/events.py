@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 
-from oasst_shared.schemas import ErrorEvent, MessageEvent, MessageRead, PendingEvent, RetryEvent
+from oasst_shared.schemas import ErrorEvent, GapEvent, MessageEvent, MessageRead, PendingEvent, RetryEvent
 
 _TERMINAL_PREFIXES = ('{"event_type":"message"', '{"event_type":"error"')
 
@@ -39,6 +39,14 @@ def pending_event(queue_position: int, queue_size: int) -> str:
 
 def retry_event(attempt: int, reason: str) -> str:
     return RetryEvent(attempt=attempt, reason=reason).model_dump_json()
+
+
+def gap_event(after: str, first_kept: str) -> str:
+    detail = (
+        f"events after {after} were trimmed from the stream (it now starts at {first_kept}): discard "
+        "the partial text; the final message event carries the whole answer"
+    )
+    return GapEvent(detail=detail).model_dump_json()
 
 
 def message_event(message: MessageRead) -> str:

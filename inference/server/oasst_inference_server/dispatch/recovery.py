@@ -3,7 +3,8 @@
 It runs on one replica at a time (a broker lock) every ``recovery_interval`` seconds and:
 
 1. releases messages whose lease expired (their worker vanished without the server noticing, e.g.
-   the replica holding its socket was killed): they are retried elsewhere or fail;
+   the replica holding its socket was killed), or that outlived their in-progress bound (a worker
+   that answers pings but never finishes): they are retried elsewhere or fail;
 2. re-queues pending messages that no work queue holds (Redis flushed or restarted, or a hint was
    lost in flight);
 3. fails pending messages that waited ``no_worker_timeout`` with no worker connected for their
@@ -14,10 +15,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 
 from loguru import logger
+from sqlalchemy import or_
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -50,6 +53,8 @@ class RecoveryLoop:
         self._settings = settings
         self.owner = f"replica-{uuid.uuid4().hex[:12]}"
         self.stopping = asyncio.Event()
+        # When each model was first seen with no worker session (monotonic seconds).
+        self._absent_since: dict[str, float] = {}
 
     async def run(self) -> None:
         interval = self._settings.recovery_interval
@@ -78,23 +83,27 @@ class RecoveryLoop:
         async with self._sessions() as session:
             expired = (
                 await session.exec(
-                    select(DbMessage.id, DbMessage.worker_session_id).where(
+                    select(DbMessage.id, DbMessage.worker_session_id, DbMessage.lease_deadline).where(
                         DbMessage.state == MessageState.in_progress.value,
-                        DbMessage.lease_deadline < now,
+                        or_(DbMessage.lease_deadline < now, DbMessage.generation_deadline < now),
                     )
                 )
             ).all()
-        for message_id, session_id in expired:
-            logger.warning("lease of message {} (worker {}) expired", message_id, session_id)
+        for message_id, session_id, lease_deadline in expired:
+            if lease_deadline is not None and _aware(lease_deadline) < now:
+                reason = "lease expired: the worker stopped responding"
+            else:
+                reason = (
+                    "the generation outlived its in-progress bound (max_new_tokens / min_generation_rate)"
+                )
+            logger.warning("message {} (worker {}): {}", message_id, session_id, reason)
             if session_id:
                 # If the worker still runs somewhere, it should stop: the message moves on.
                 with contextlib.suppress(Exception):
                     await self._broker.publish_command(
                         events.worker_command_channel(session_id), dump_frame(Cancel(message_id=message_id))
                     )
-            await self._lifecycle.release(
-                message_id, session_id or "", "lease expired: the worker stopped responding"
-            )
+            await self._lifecycle.release(message_id, session_id or "", reason)
 
     async def _pending_longer_than(self, age: timedelta) -> list[tuple[str, str | None]]:
         """(id, model) of the messages pending for longer than ``age``, oldest first."""
@@ -128,8 +137,15 @@ class RecoveryLoop:
         if not waiting:
             return
         live = await self._registry.live_models()
+        now = time.monotonic()
+        self._absent_since = {m: t for m, t in self._absent_since.items() if m not in live}
+        # Sessions are republished with every pong: a model must stay absent for a few ping intervals
+        # (not just after a Redis restart emptied the session records) before its messages fail.
+        settle = 3 * self._settings.worker_ping_interval
         for message_id, model in waiting:
             if model in live:
+                continue
+            if now - self._absent_since.setdefault(model or "", now) < settle:
                 continue
             await self._lifecycle.fail(
                 message_id,
@@ -138,3 +154,8 @@ class RecoveryLoop:
             )
             if model:
                 await self._broker.remove_work(events.work_queue_name(model), message_id)
+
+
+def _aware(moment: datetime) -> datetime:
+    # SQLite hands back naive datetimes (stored as UTC).
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)

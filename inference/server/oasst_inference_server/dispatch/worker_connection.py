@@ -2,12 +2,15 @@
 
 Five tasks run per connection and the first to end ends them all:
 
-* ``_receive``  - parses worker frames (a malformed one closes the socket with 1008);
+* ``_receive``  - parses worker frames; a refused frame fails only the messages it names (a frame that
+  names none closes the socket with 1008);
 * the relay     - writes the tokens ``_receive`` hands it to the broker in batches (:mod:`.token_relay`);
 * ``_dispatch`` - while the worker has a free slot, pops a hint from its model's queue and claims it;
 * ``_ping``     - pings; a worker silent past ``worker_ping_timeout`` is disconnected;
 * ``_commands`` - forwards commands (cancel) that any replica published for this session.
 
+Faults stay as small as their cause: a message that cannot be sent or whose frames are refused fails
+alone; a database or broker outage is waited out (each step is retried) and never closes the socket.
 When the connection ends, every message it still held is released for a retry elsewhere.
 """
 
@@ -15,10 +18,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from fastapi import WebSocket
 from loguru import logger
@@ -28,13 +33,19 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSessionRecord
 from oasst_inference_server.dispatch import events
-from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, UnsendableMessage
 from oasst_inference_server.dispatch.token_relay import TokenRelay
+from oasst_inference_server.dispatch.worker_frames import Salvaged, bounded_usage, parse_or_salvage, salvage
+from oasst_inference_server.outages import is_outage
 from oasst_inference_server.settings import Settings
 from oasst_shared.protocol import (
     CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_MESSAGE_TOO_BIG,
     CLOSE_POLICY_VIOLATION,
     CLOSE_UNAUTHORIZED,
+    CLOSE_UNSUPPORTED_DATA,
+    MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     Cancel,
     Drain,
@@ -47,12 +58,19 @@ from oasst_shared.protocol import (
     TokenBatch,
     Work,
     WorkerError,
+    WorkerFrame,
     WorkerInfo,
     dump_frame,
     dump_work,
+    frame_bytes,
     parse_server_frame,
-    parse_worker_frame,
 )
+
+# Waiting out a database or broker outage inside the connection: first and longest pause.
+_OUTAGE_MIN_DELAY = 0.2
+_OUTAGE_MAX_DELAY = 2.0
+
+T = TypeVar("T")
 
 # Published on a session's command channel to close that socket from any replica (key revoked).
 DISCONNECT_COMMAND = '{"type":"disconnect"}'
@@ -75,8 +93,10 @@ class WorkerConnection:
         broker: Broker,
         lifecycle: MessageLifecycle,
         protocol_version: int = PROTOCOL_VERSION,
+        worker_id: str | None = None,
     ):
         self.websocket = websocket
+        self.worker_id = worker_id
         self.info = info
         self.protocol_version = protocol_version
         self.session_id = f"ws-{uuid.uuid4().hex[:20]}"
@@ -92,6 +112,11 @@ class WorkerConnection:
         self._last_pong = time.monotonic()
         self.connected_at = time.time()
         self._dispatched_at: dict[str, float] = {}
+        # Per in-flight message: the work sent and the bytes of text streamed (to bound usage claims).
+        self._work: dict[str, Work] = {}
+        self._streamed_bytes: dict[str, int] = {}
+        # Set while a step waits out a storage outage: the worker is not the one that is silent.
+        self._waiting_for_storage = False
         # Resolved once: labels() is a locked dict lookup, and this counter moves on every token.
         self._tokens_relayed = metrics.TOKENS.labels(self.model_name)
         self._first_token_at: dict[str, float] = {}
@@ -145,47 +170,119 @@ class WorkerConnection:
             return closed
         except WebSocketDisconnect as exc:
             return _ConnectionClosed(exc.code, "worker disconnected")
+        except BrokerError as exc:  # a RuntimeError too, but not a closed socket
+            logger.opt(exception=exc).error("worker {}: broker error escaped a task", self.session_id)
+            return _ConnectionClosed(CLOSE_GOING_AWAY, "server error")
         except RuntimeError as exc:  # starlette: send/receive on a closed socket
             return _ConnectionClosed(CLOSE_GOING_AWAY, f"socket closed: {exc}")
+        except Exception as exc:  # a bug: end this connection (its messages are retried), not the server
+            logger.opt(exception=exc).error("worker {}: task failed", self.session_id)
+            return _ConnectionClosed(CLOSE_INTERNAL_ERROR, "server error")
         return None
 
     async def _receive(self) -> None:
         while True:
-            text = await self.websocket.receive_text()
+            received = await self.websocket.receive()
+            if received["type"] == "websocket.disconnect":
+                raise WebSocketDisconnect(received.get("code", 1000))
+            text = received.get("text")
+            if text is None:
+                raise _ConnectionClosed(CLOSE_UNSUPPORTED_DATA, "binary frames are not part of the protocol")
             # Any frame proves the worker alive: under load its pongs queue behind token frames.
             self._last_pong = time.monotonic()
-            try:
-                frame = parse_worker_frame(text)
-            except ProtocolError as exc:
-                logger.warning("worker {} sent a malformed frame: {}", self.session_id, exc)
-                metrics.ERRORS.labels("protocol").inc()
-                raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, f"malformed frame: {exc}"[:120]) from None
-            if isinstance(frame, Token):
-                await self._on_token(frame)
-            elif isinstance(frame, TokenBatch):
-                for token in frame.tokens:
-                    await self._on_token(token)
-            elif isinstance(frame, Pong):
-                await self._on_pong(frame)
-            elif isinstance(frame, GeneratedText):
-                if frame.message_id in self.in_flight:
-                    self._observe_speed(frame.message_id, frame.generated_tokens)
-                    await self._relay.flush()  # the terminal event comes after every token
-                    await self._lifecycle.complete(self.session_id, frame)
-                    self._done(frame.message_id)
-            elif isinstance(frame, Embeddings):
-                if frame.message_id in self.in_flight:
-                    await self._lifecycle.complete_embeddings(self.session_id, frame)
-                    self._done(frame.message_id)
-            elif isinstance(frame, WorkerError):
-                await self._on_error(frame)
-            elif isinstance(frame, Drain):
-                logger.info("worker {} is draining ({} in flight)", self.session_id, len(self.in_flight))
-                self.draining = True
-                self._capacity_changed.set()
-                await self._publish_session()
-            elif isinstance(frame, WorkerInfo):
-                raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, "worker_info may only be the first frame")
+            if frame_bytes(text) > MAX_FRAME_BYTES:  # the ASGI server's max size is the first guard
+                too_big = f"frame over the limit of {MAX_FRAME_BYTES} bytes"
+                await self._refuse(salvage(text, too_big), too_big, CLOSE_MESSAGE_TOO_BIG)
+                continue
+            frame, salvaged, error = parse_or_salvage(text)
+            if frame is None:
+                await self._refuse(salvaged, error or "malformed frame", CLOSE_POLICY_VIOLATION)
+                continue
+            await self._handle(frame)
+
+    async def _refuse(self, salvaged: Salvaged | None, error: str, close_code: int) -> None:
+        """A frame the protocol refuses: its messages fail alone; a frame naming none closes the socket."""
+        metrics.ERRORS.labels("protocol").inc()
+        if salvaged is None:
+            logger.warning("worker {} sent a malformed frame: {}", self.session_id, error)
+            raise _ConnectionClosed(close_code, f"malformed frame: {error}"[:120])
+        for part in salvaged.frames:
+            await self._handle(part)
+        for message_id, why in salvaged.refused.items():
+            if message_id not in self.in_flight:
+                continue
+            logger.warning("worker {}: refused a frame of message {}: {}", self.session_id, message_id, why)
+            await self._relay.flush()
+            self._done(message_id)
+            reason = f"the worker sent a frame the server refuses ({why})"[:500]
+            await self._durably(
+                functools.partial(
+                    self._lifecycle.release, message_id, self.session_id, reason, retryable=False
+                ),
+                f"failing message {message_id}",
+            )
+
+    async def _handle(self, frame: WorkerFrame) -> None:
+        """One valid frame. A storage outage is waited out here; any other fault of one message's frame
+        fails that message, never the connection."""
+        message_id = getattr(frame, "message_id", None)
+        try:
+            await self._dispatch_frame(frame)
+        except (_ConnectionClosed, WebSocketDisconnect, asyncio.CancelledError):
+            raise
+        except Exception as exc:
+            if isinstance(exc, RuntimeError) and not isinstance(exc, BrokerError):
+                raise  # starlette: the socket is closed
+            logger.opt(exception=exc).error(
+                "worker {}: handling a {} frame failed", self.session_id, type(frame).__name__
+            )
+            if isinstance(message_id, str) and message_id in self.in_flight:
+                self._done(message_id)
+                await self._durably(
+                    lambda: self._lifecycle.fail(
+                        message_id, "server error while storing the answer", session_id=self.session_id
+                    ),
+                    f"failing message {message_id}",
+                )
+
+    async def _dispatch_frame(self, frame: WorkerFrame) -> None:
+        if isinstance(frame, Token):
+            await self._on_token(frame)
+        elif isinstance(frame, TokenBatch):
+            for token in frame.tokens:
+                await self._on_token(token)
+        elif isinstance(frame, Pong):
+            await self._on_pong(frame)
+        elif isinstance(frame, GeneratedText):
+            if frame.message_id in self.in_flight:
+                self._observe_speed(frame.message_id, frame.generated_tokens)
+                result = bounded_usage(
+                    frame,
+                    self._work.get(frame.message_id),
+                    self._streamed_bytes.get(frame.message_id, 0),
+                )
+                await self._relay.flush()  # the terminal event comes after every token
+                await self._durably(
+                    lambda: self._lifecycle.complete(self.session_id, result),
+                    f"storing message {frame.message_id}",
+                )
+                self._done(frame.message_id)
+        elif isinstance(frame, Embeddings):
+            if frame.message_id in self.in_flight:
+                await self._durably(
+                    lambda: self._lifecycle.complete_embeddings(self.session_id, frame),
+                    f"storing message {frame.message_id}",
+                )
+                self._done(frame.message_id)
+        elif isinstance(frame, WorkerError):
+            await self._on_error(frame)
+        elif isinstance(frame, Drain):
+            logger.info("worker {} is draining ({} in flight)", self.session_id, len(self.in_flight))
+            self.draining = True
+            self._capacity_changed.set()
+            await self._publish_session()
+        elif isinstance(frame, WorkerInfo):
+            raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, "worker_info may only be the first frame")
 
     async def _dispatch(self) -> None:
         queue = events.work_queue_name(self.model_name)
@@ -204,14 +301,35 @@ class WorkerConnection:
             if message_id is None:
                 continue
             try:
-                work = await self._lifecycle.claim(message_id, self.session_id)
-            except BaseException:
-                # The hint was taken from the queue but not acted on: put it back.
-                await self._broker.push_work(queue, message_id)
+                work = await self._lifecycle.claim(
+                    message_id, self.session_id, max_input_tokens=self.info.model_config_.max_input_length
+                )
+            except UnsendableMessage as exc:
+                # The message itself is at fault: it fails alone; the worker never sees it.
+                metrics.ERRORS.labels("unsendable").inc()
+                error = str(exc)
+                await self._durably(
+                    functools.partial(self._lifecycle.fail, message_id, error), "failing a message"
+                )
+                continue
+            except asyncio.CancelledError:
+                with contextlib.suppress(Exception):
+                    await self._broker.push_work(queue, message_id)  # put the hint back
                 raise
+            except Exception as exc:
+                # The database is down (or another hiccup): put the hint back, keep the worker, retry.
+                logger.warning(
+                    "worker {}: cannot claim {}: {}: {}", self.session_id, message_id, type(exc).__name__, exc
+                )
+                with contextlib.suppress(Exception):
+                    await self._broker.push_work(queue, message_id)
+                await asyncio.sleep(1.0)
+                continue
             if work is None:
                 continue  # stale hint: the message was taken, cancelled or finished meanwhile
             self.in_flight.add(message_id)
+            if isinstance(work, Work):
+                self._work[message_id] = work
             self._dispatched_at[message_id] = time.monotonic()
             metrics.DISPATCHED.labels(self.model_name).inc()
             metrics.IN_FLIGHT.labels(self.model_name).inc()
@@ -220,15 +338,18 @@ class WorkerConnection:
                 await self._send(work)
             except BaseException:
                 self._done(message_id)
-                await self._lifecycle.release(
-                    message_id, self.session_id, "could not send work to the worker"
-                )
+                with contextlib.suppress(Exception):
+                    await self._lifecycle.release(
+                        message_id, self.session_id, "could not send work to the worker"
+                    )
                 raise
             await self._publish_session()
 
     async def _ping(self) -> None:
         while True:
             await asyncio.sleep(self._settings.worker_ping_interval)
+            if self._waiting_for_storage:
+                self._last_pong = time.monotonic()  # the server is the one stuck, not the worker
             silent_for = time.monotonic() - self._last_pong
             if silent_for > self._settings.worker_ping_timeout:
                 logger.warning("worker {} did not answer pings for {:.0f}s", self.session_id, silent_for)
@@ -236,12 +357,25 @@ class WorkerConnection:
             await self._send(Ping(ping_id=uuid.uuid4().hex[:12]))
 
     async def _commands(self) -> None:
+        """Forward commands; a broker outage is waited out (resubscribing), it does not end the socket.
+
+        A cancel published during an outage is lost here, but not for good: every pong re-sends the
+        cancels the database still holds (:meth:`_on_pong`)."""
+        while True:
+            try:
+                await self._forward_commands()
+                return  # the broker closed: the server is shutting down
+            except BrokerError as exc:
+                logger.warning("worker {}: command channel lost, resubscribing: {}", self.session_id, exc)
+                await asyncio.sleep(1.0)
+
+    async def _forward_commands(self) -> None:
         async with self._broker.subscribe_commands(
             events.worker_command_channel(self.session_id)
         ) as commands:
             async for data in commands:
                 if data == DISCONNECT_COMMAND:
-                    raise _ConnectionClosed(CLOSE_UNAUTHORIZED, "the worker's API key was revoked")
+                    raise _ConnectionClosed(CLOSE_UNAUTHORIZED, "the worker's API key was revoked or changed")
                 try:
                     frame = parse_server_frame(data)
                 except ProtocolError:
@@ -254,6 +388,9 @@ class WorkerConnection:
     async def _on_token(self, token: Token) -> None:
         if token.message_id in self.in_flight:  # else late, after a cancel or a lost lease: dropped
             self._count_token(token.message_id)
+            self._streamed_bytes[token.message_id] = self._streamed_bytes.get(token.message_id, 0) + len(
+                token.text.encode("utf-8")
+            )
             logprobs = [e.model_dump(mode="json") for e in token.logprobs] if token.logprobs else None
             await self._relay.add(token.message_id, token.text, logprobs)
 
@@ -264,7 +401,18 @@ class WorkerConnection:
             logger.info("worker {} backend healthy: {}", self.session_id, self.backend_healthy)
             self._capacity_changed.set()
         if self.in_flight:
-            await self._lifecycle.extend_leases(self.session_id)
+            try:
+                cancels = await self._lifecycle.extend_leases(self.session_id, sorted(self.in_flight))
+            except Exception as exc:  # the database is down: the leases outlast a short outage
+                logger.warning(
+                    "worker {}: leases not extended: {}: {}", self.session_id, type(exc).__name__, exc
+                )
+                cancels = []
+            for message_id in cancels:
+                # Cancelled (or no longer ours) but not acknowledged with a result: the command may
+                # have been lost or raced the claim; send it again until the worker answers.
+                if message_id in self.in_flight:
+                    await self._send(Cancel(message_id=message_id))
         await self._publish_session()
 
     async def _on_error(self, error: WorkerError) -> None:
@@ -275,9 +423,22 @@ class WorkerConnection:
         if error.message_id not in self.in_flight:
             return
         await self._relay.flush()  # a retry or error event comes after the tokens it discards
-        self._done(error.message_id)
-        await self._lifecycle.release(
-            error.message_id, self.session_id, error.error, retryable=error.retryable
+        message_id = error.message_id
+        self._done(message_id)
+        if error.backend_unavailable:
+            # The backend had no room or was down: stop sending this worker work until a pong says
+            # its backend is healthy again, and hand the message back without spending its attempt.
+            self.backend_healthy = False
+            self._capacity_changed.set()
+        await self._durably(
+            lambda: self._lifecycle.release(
+                message_id,
+                self.session_id,
+                error.error,
+                retryable=error.retryable,
+                backend_refused=error.backend_unavailable,
+            ),
+            f"releasing message {message_id}",
         )
 
     # ------------------------------------------------------------ helpers
@@ -287,6 +448,8 @@ class WorkerConnection:
         self.in_flight.discard(message_id)
         self._dispatched_at.pop(message_id, None)
         self._first_token_at.pop(message_id, None)
+        self._work.pop(message_id, None)
+        self._streamed_bytes.pop(message_id, None)
         self._capacity_changed.set()
 
     def _count_token(self, message_id: str) -> None:
@@ -305,6 +468,30 @@ class WorkerConnection:
             if elapsed > 0:
                 metrics.TOKENS_PER_SECOND.labels(self.model_name).observe((generated_tokens - 1) / elapsed)
 
+    async def _durably(self, step: Callable[[], Awaitable[T]], what: str) -> T | None:
+        """Run a storage step, waiting out an outage of the database or broker (retrying with backoff
+        for up to ``lease_seconds``) instead of ending the connection; None if it never succeeded."""
+        delay = _OUTAGE_MIN_DELAY
+        deadline = time.monotonic() + self._settings.lease_seconds
+        while True:
+            try:
+                return await step()
+            except Exception as exc:
+                if not is_outage(exc) or time.monotonic() + delay > deadline:
+                    logger.error(
+                        "worker {}: {} failed: {}: {}", self.session_id, what, type(exc).__name__, exc
+                    )
+                    return None
+                logger.warning(
+                    "worker {}: {} waits for storage: {}", self.session_id, what, type(exc).__name__
+                )
+                self._waiting_for_storage = True
+                try:
+                    await asyncio.sleep(delay)
+                finally:
+                    self._waiting_for_storage = False
+                delay = min(delay * 2, _OUTAGE_MAX_DELAY)
+
     async def _send(self, frame: BaseModel) -> None:
         text = dump_work(frame, self.protocol_version) if isinstance(frame, Work) else dump_frame(frame)
         async with self._send_lock:
@@ -322,6 +509,7 @@ class WorkerConnection:
             "worker_version": self.info.worker_version,
             "capabilities": self.info.capabilities.model_dump(mode="json"),
             "connected_at": self.connected_at,
+            "worker_id": self.worker_id,
         }
         record = WorkerSessionRecord(self.session_id, self.model_name, json.dumps(data))
         try:

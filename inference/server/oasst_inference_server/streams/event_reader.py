@@ -8,6 +8,7 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from loguru import logger
 
 from oasst_inference_server.broker import Broker, BrokerError, StreamEntry
+from oasst_inference_server.broker.keys import parse_stream_id
 from oasst_inference_server.db.models import utcnow
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
@@ -41,6 +42,8 @@ async def read_message_events(
     if message.state == MessageState.pending.value and after is None:
         position, size = await lifecycle.queue_position(message)
         yield [{"data": events.pending_event(position, size)}]
+    if after is not None and (gap := await _gap_event(broker, stream, after)) is not None:
+        yield [{"data": gap}]
     while True:
         try:
             entries = await broker.read_events(stream, after, timeout=settings.pending_update_interval)
@@ -79,6 +82,21 @@ async def read_message_events(
         if state == MessageState.pending:
             position, size = await lifecycle.queue_position(message)
             yield [{"data": events.pending_event(position, size)}]
+
+
+async def _gap_event(broker: Broker, stream: str, after: str) -> str | None:
+    """An explicit event when the stream trimmed entries a reader resuming after ``after`` has not
+    seen: never a silent gap."""
+    try:
+        first_kept = await broker.first_kept_if_trimmed(stream)
+    except BrokerError:
+        return None
+    try:
+        if first_kept is None or parse_stream_id(after) >= parse_stream_id(first_kept):
+            return None
+    except ValueError:  # not an id of ours: read_events refuses it the usual way
+        return None
+    return events.gap_event(after, first_kept)
 
 
 def _up_to_terminal(entries: list[StreamEntry]) -> tuple[list[SseEvent], bool]:

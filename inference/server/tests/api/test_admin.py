@@ -17,6 +17,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/workers", {"name": "w"}),
     ("GET", "/admin/workers", None),
     ("POST", "/admin/workers/{id}/api_key", None),
+    ("PUT", "/admin/workers/{id}/limits", {}),
     ("DELETE", "/admin/workers/{id}", None),
     ("GET", "/admin/worker_sessions", None),
     ("GET", "/admin/users/{id}", None),
@@ -164,3 +165,27 @@ async def test_admin_deletes_a_user(client, login, live_model):
     )
     assert_error(await client.delete(f"/admin/users/{user.id}", headers=ADMIN), 404, "user_not_found")
     assert_error(await client.get("/admin/users/nobody", headers=ADMIN), 404, "user_not_found")
+
+
+async def test_worker_key_limits_are_set_listed_and_validated(client):
+    limits = {"allowed_models": ["a-model"], "max_slots": 4, "max_sockets": 2}
+    created = await client.post("/admin/workers", json={"name": "bounded", **limits}, headers=ADMIN)
+    assert created.status_code == 201, created.text
+    worker = created.json()
+    assert {k: worker[k] for k in limits} == limits
+    changed = await client.put(f"/admin/workers/{worker['id']}/limits", json={"max_slots": 8}, headers=ADMIN)
+    assert changed.status_code == 200, changed.text
+    assert (changed.json()["allowed_models"], changed.json()["max_slots"], changed.json()["max_sockets"]) == (
+        None,
+        8,
+        None,
+    )
+    listed = next(
+        w for w in (await client.get("/admin/workers", headers=ADMIN)).json() if w["id"] == worker["id"]
+    )
+    assert listed["max_slots"] == 8
+    for bad in ({"max_slots": 0}, {"max_slots": 5000}, {"max_sockets": 0}, {"allowed_models": [""]}):
+        assert_error(await client.put(f"/admin/workers/{worker['id']}/limits", json=bad, headers=ADMIN), 422)
+    assert_error(
+        await client.put("/admin/workers/nope/limits", json={}, headers=ADMIN), 404, "worker_not_found"
+    )

@@ -193,11 +193,30 @@ async def test_terminal_event_expires_the_stream(make_broker: BrokerFactory) -> 
     assert await broker.read_events("s", None, timeout=0) == []
 
 
-async def test_unfinished_stream_does_not_expire(make_broker: BrokerFactory) -> None:
-    broker = await make_broker(stream_ttl=0.2)
+async def test_an_unfinished_stream_outlives_the_terminal_ttl_but_expires_when_idle(
+    make_broker: BrokerFactory,
+) -> None:
+    broker = await make_broker(stream_ttl=0.2, stream_idle_ttl=1.5)
     await broker.append_event("s", "a")
     await asyncio.sleep(0.5)
+    await broker.append_events([("s", "b")])  # every event pushes the idle expiry back
+    await asyncio.sleep(0.6)
     assert await broker.stream_exists("s")
+    # No terminal event ever comes (the chat was deleted mid-answer): it expires all the same.
+    deadline = time.monotonic() + 5.0
+    while await broker.stream_exists("s"):
+        assert time.monotonic() < deadline, "the idle stream did not expire"
+        await asyncio.sleep(0.05)
+
+
+async def test_a_trimmed_stream_names_its_oldest_kept_entry(make_broker: BrokerFactory) -> None:
+    broker = await make_broker(stream_maxlen=10)
+    assert await broker.first_kept_if_trimmed("s") is None
+    await append_all(broker, "s", [str(i) for i in range(5)])
+    assert await broker.first_kept_if_trimmed("s") is None
+    await append_all(broker, "s", [str(i) for i in range(300)])
+    kept = await broker.read_events("s", None, timeout=0, count=1000)
+    assert await broker.first_kept_if_trimmed("s") == kept[0].id
 
 
 async def test_delete_stream(broker: Broker) -> None:

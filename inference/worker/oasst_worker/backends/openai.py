@@ -48,6 +48,7 @@ ResponseFormatStyle = Literal["openai", "llama-cpp-python"]
 
 # The request itself is bad: every worker's backend would refuse it.
 _NOT_RETRYABLE_STATUS = frozenset({400, 413, 422})
+_UNAVAILABLE_STATUS = frozenset({429, 500, 502, 503, 504})
 # The servers' tokenizer endpoints, tried in this order; the first that answers is kept.
 _TOKENIZE_PROBES: tuple[tuple[str, str], ...] = (
     ("/tokenize", "prompt"),  # vLLM -> {"count", "tokens"}
@@ -156,6 +157,8 @@ def status_error(response: httpx.Response) -> BackendError:
     return BackendError(
         f"the backend answered HTTP {status}: {_error_detail(response)}",
         retryable=status not in _NOT_RETRYABLE_STATUS,
+        # No free slot or a server error before the stream began: the backend's state, not the message's.
+        unavailable=status in _UNAVAILABLE_STATUS,
     )
 
 
@@ -361,7 +364,10 @@ class OpenAiBackend(GenerationBackend):
                         final = choice
         except httpx.TransportError as exc:
             raise BackendError(
-                f"backend connection failed: {type(exc).__name__}: {exc}", retryable=True
+                f"backend connection failed: {type(exc).__name__}: {exc}",
+                retryable=True,
+                # Refused before a byte was read: the backend is down, the message did nothing wrong.
+                unavailable=response is None and isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)),
             ) from None
         finally:
             # Closing the response closes the connection, so the server stops generating.

@@ -14,11 +14,17 @@ from oasst_shared.tool_calls import ToolCall
 
 
 class BackendError(Exception):
-    """A backend failed; ``retryable`` says whether another worker (or a later try) may succeed."""
+    """A backend failed; ``retryable`` says whether another worker (or a later try) may succeed.
 
-    def __init__(self, message: str, *, retryable: bool):
+    ``unavailable``: the backend refused before starting the work (no free slot, connection refused,
+    a 5xx before any token). That is not the message's fault: the server re-queues it without counting
+    the attempt, and the worker takes no work until its backend's health check passes again.
+    """
+
+    def __init__(self, message: str, *, retryable: bool, unavailable: bool = False):
         super().__init__(message)
-        self.retryable = retryable
+        self.retryable = retryable or unavailable
+        self.unavailable = unavailable
 
 
 @dataclass(frozen=True)

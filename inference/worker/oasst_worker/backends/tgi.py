@@ -19,6 +19,8 @@ from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
 
+# The backend has no room or is not up yet: not the message's fault.
+_UNAVAILABLE = (tgi_errors.OverloadedError, tgi_errors.ShardNotReadyError, tgi_errors.RateLimitExceededError)
 # Errors another worker, or the same backend later, may not repeat.
 _RETRYABLE = (
     tgi_errors.OverloadedError,
@@ -154,6 +156,10 @@ class TgiBackend(GenerationBackend):
                     return
         except tgi_errors.ValidationError as exc:
             raise BackendError(f"the backend refused the request: {exc}", retryable=False) from None
+        except _UNAVAILABLE as exc:
+            raise BackendError(
+                f"backend unavailable: {exc}", retryable=True, unavailable=generated == 0
+            ) from None
         except _RETRYABLE as exc:
             raise BackendError(f"backend error: {exc}", retryable=True) from None
         except (tgi_errors.GenerationError, tgi_errors.BadRequestError, tgi_errors.NotFoundError) as exc:
@@ -163,10 +169,17 @@ class TgiBackend(GenerationBackend):
                 f"the backend sent no token for {self._token_timeout:.0f}s", retryable=True
             ) from None
         except OSError as exc:
-            raise BackendError(f"backend connection failed: {exc}", retryable=True) from None
+            # Nothing generated yet: the backend refused the connection (or is restarting).
+            raise BackendError(
+                f"backend connection failed: {exc}", retryable=True, unavailable=generated == 0
+            ) from None
         except Exception as exc:  # aiohttp's own errors and malformed payloads
             if type(exc).__module__.startswith("aiohttp"):
-                raise BackendError(f"backend connection failed: {exc}", retryable=True) from None
+                raise BackendError(
+                    f"backend connection failed: {exc}",
+                    retryable=True,
+                    unavailable=generated == 0 and "Connect" in type(exc).__name__,
+                ) from None
             raise
         finally:
             await stream.aclose()  # closes the HTTP stream, so the backend stops generating

@@ -41,6 +41,11 @@ class BackendHealth:
                 logger.warning("backend is {}", "healthy again" if healthy else "unhealthy: taking no work")
             self._set(healthy)
 
+    def mark_unavailable(self) -> None:
+        """The backend refused a job: unhealthy until the next health check says otherwise."""
+        logger.warning("backend refused work: taking no work until its health check passes")
+        self._set(False)
+
     async def _ready(self) -> bool:
         try:
             return await self._backend.healthy()

@@ -143,25 +143,40 @@ class WorkerClient:
             raise FatalWorkerError(frame.detail)
 
     def _start_job(self, work: Work | EmbedWork) -> None:
-        if self.free_slots <= 0 or work.message_id in self._jobs:
+        if work.message_id in self._jobs:
+            return  # already running it: a duplicate frame, not a second job
+        if self.free_slots <= 0:
             reason = "worker is draining" if self._draining else "no free slot"
-            self._refuse(work.message_id, reason, retryable=True)
+            if not self._health.healthy:
+                reason = "the backend is unavailable"
+            # The server's view of our capacity lagged: not the message's fault, no attempt spent.
+            self._refuse(work.message_id, reason, retryable=True, unavailable=True)
             return
         try:
             job = self._factory.create(work)
         except WrongKindOfWork as exc:  # a routing mistake of the server: no worker of this kind can do it
             self._refuse(work.message_id, str(exc), retryable=False)
             return
-        self._jobs.start(job, self._send)
+        self._jobs.start(job, self._send_from_job)
 
-    def _refuse(self, message_id: str, error: str, *, retryable: bool) -> None:
+    def _refuse(self, message_id: str, error: str, *, retryable: bool, unavailable: bool = False) -> None:
         """Answer work this worker will not run; in the background, as frames are read in order."""
+        frame = WorkerError(
+            message_id=message_id, error=error, retryable=retryable, backend_unavailable=unavailable
+        )
 
         async def send() -> None:
             with contextlib.suppress(ConnectionClosed):  # the server releases the work anyway
-                await self._send(WorkerError(message_id=message_id, error=error, retryable=retryable))
+                await self._send(frame)
 
         asyncio.create_task(send())
+
+    async def _send_from_job(self, frame: BaseModel) -> None:
+        if isinstance(frame, WorkerError) and frame.backend_unavailable and self._health.healthy:
+            # The backend refused a job: take no more work until its health check passes again
+            # (the server stops sending too).
+            self._health.mark_unavailable()
+        await self._send(frame)
 
     async def _send(self, frame: BaseModel) -> None:
         sender = self._sender

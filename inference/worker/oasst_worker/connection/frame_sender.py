@@ -18,13 +18,15 @@ import asyncio
 from collections.abc import Iterator
 from typing import Protocol
 
+from loguru import logger
 from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed
 
-from oasst_shared.protocol import Token, TokenBatch, dump_frame
+from oasst_shared.protocol import MAX_FRAME_BYTES, Token, TokenBatch, WorkerError, dump_frame, fits_in_frame
 
 DEFAULT_MAX_PENDING = 4096
-# A batch is one websocket frame: keep it well under any frame size limit (websockets: 1 MiB).
+# A batch is one websocket frame: keep it well under the frame size limit (MAX_FRAME_BYTES); a batch
+# that is over it all the same is split.
 MAX_TOKENS_PER_BATCH = 512
 
 
@@ -98,16 +100,40 @@ def _frames(
         if isinstance(frame, Token):
             run.append(frame)
             if len(run) == MAX_TOKENS_PER_BATCH:
-                yield _token_frame(run), []
+                yield from _token_frames(run)
                 run = []
             continue
         if run:
-            yield _token_frame(run), []
+            yield from _token_frames(run)
             run = []
-        yield dump_frame(frame), [future] if future is not None else []
+        yield _bounded(frame), [future] if future is not None else []
     if run:
-        yield _token_frame(run), []
+        yield from _token_frames(run)
 
 
-def _token_frame(run: list[Token]) -> str:
-    return dump_frame(run[0] if len(run) == 1 else TokenBatch(tokens=run))
+def _token_frames(run: list[Token]) -> Iterator[tuple[str, list[asyncio.Future[None]]]]:
+    text = dump_frame(run[0] if len(run) == 1 else TokenBatch(tokens=run))
+    if fits_in_frame(text):
+        yield text, []
+    elif len(run) > 1:
+        half = len(run) // 2
+        yield from _token_frames(run[:half])
+        yield from _token_frames(run[half:])
+    else:
+        yield _bounded(run[0]), []
+
+
+def _bounded(frame: BaseModel) -> str:
+    """The frame's text; a frame over the limit becomes an error for its message (only it fails)."""
+    text = dump_frame(frame)
+    if fits_in_frame(text):
+        return text
+    message_id = getattr(frame, "message_id", None)
+    logger.error("a {} frame of message {} is over the frame limit", type(frame).__name__, message_id)
+    return dump_frame(
+        WorkerError(
+            message_id=message_id,
+            error=f"the answer does not fit in a frame of {MAX_FRAME_BYTES} bytes",
+            retryable=False,
+        )
+    )

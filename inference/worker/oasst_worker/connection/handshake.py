@@ -11,7 +11,9 @@ from websockets.exceptions import InvalidStatus, InvalidURI
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import (
     API_KEY_HEADER,
+    CLOSE_KEY_FORBIDS,
     CLOSE_UNSUPPORTED_PROTOCOL,
+    MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_HEADER,
     Hardware,
@@ -38,6 +40,7 @@ async def open_connection(settings: WorkerSettings) -> ClientConnection:
             ping_interval=None,  # the protocol has its own pings
             open_timeout=10,
             compression=None,  # frames are tiny: deflate costs CPU per token and saves nothing
+            max_size=MAX_FRAME_BYTES,  # the limit the server keeps too
         )
     except InvalidStatus as exc:
         if exc.response.status_code in (401, 403):
@@ -62,6 +65,12 @@ def worker_info(settings: WorkerSettings, model_config: ModelConfig) -> WorkerIn
 
 
 def raise_if_refused(ws: ClientConnection) -> None:
-    """After the connection closed: a server that does not speak our protocol version is fatal."""
+    """After the connection closed: a server that does not speak our protocol version, or an API key
+    that does not allow what this worker announced, is fatal (reconnecting would be refused again)."""
     if ws.close_code == CLOSE_UNSUPPORTED_PROTOCOL:
         raise FatalWorkerError(f"the server refused protocol version {PROTOCOL_VERSION}: {ws.close_reason}")
+    if ws.close_code == CLOSE_KEY_FORBIDS:
+        raise FatalWorkerError(
+            f"the server refused this worker: its API key does not allow it: {ws.close_reason} "
+            "(ask the server's admin to change the key's limits, or change the worker's settings)"
+        )

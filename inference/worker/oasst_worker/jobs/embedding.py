@@ -46,7 +46,13 @@ class EmbeddingJob:
             return
         except BackendError as exc:
             logger.warning("message {}: embedding failed: {}", message_id, exc)
-            await send(WorkerError(message_id=message_id, error=str(exc), retryable=exc.retryable))
+            error = WorkerError(
+                message_id=message_id,
+                error=str(exc)[:4000],
+                retryable=exc.retryable,
+                backend_unavailable=exc.unavailable,
+            )
+            await send(error)
             return
         logger.info("message {}: embedded {} inputs", message_id, len(result.vectors))
         await send(

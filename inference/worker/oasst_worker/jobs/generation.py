@@ -18,6 +18,7 @@ import time
 from contextlib import aclosing
 
 from loguru import logger
+from pydantic import ValidationError
 
 from oasst_shared.chat_template import ChatTemplateError
 from oasst_shared.logprobs import TokenLogprob
@@ -107,8 +108,27 @@ class GenerationJob:
             )
         except BackendError as exc:
             logger.warning("message {} failed at the backend: {}", message_id, exc)
-            await send(WorkerError(message_id=message_id, error=str(exc), retryable=exc.retryable))
-            return "backend_error"
+            error = WorkerError(
+                message_id=message_id,
+                error=str(exc)[:4000],
+                retryable=exc.retryable,
+                backend_unavailable=exc.unavailable,
+            )
+            await send(error)
+            return "backend_unavailable" if exc.unavailable else "backend_error"
+        except ValidationError as exc:
+            # The backend produced text no frame may carry (NUL, a lone surrogate): this message's
+            # answer cannot be delivered, and another try would likely produce it again.
+            logger.warning(
+                "message {}: the backend's text cannot be sent: {}", message_id, exc.errors()[0]["msg"]
+            )
+            error = WorkerError(
+                message_id=message_id,
+                error=f"the backend produced text that cannot be sent: {exc.errors()[0]['msg']}",
+                retryable=False,
+            )
+            await send(error)
+            return "invalid_text"
         except ChatTemplateError as exc:
             await send(WorkerError(message_id=message_id, error=str(exc), retryable=False))
             return "prompt_error"

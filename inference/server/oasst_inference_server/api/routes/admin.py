@@ -15,7 +15,7 @@ from sqlalchemy import delete, func, select
 from oasst_inference_server.api.deps import BrokerDep, SessionDep, SettingsDep
 from oasst_inference_server.api.responses import ADMIN, Responses, error
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
-from oasst_inference_server.auth.worker_keys import new_worker_key
+from oasst_inference_server.auth.worker_keys import live_sessions_of, new_worker_key
 from oasst_inference_server.chats.accounts import delete_account
 from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerEvent
 from oasst_inference_server.dispatch.events import worker_command_channel
@@ -27,6 +27,7 @@ from oasst_shared.schemas import (
     CreateWorkerRequest,
     RevokedTokensResponse,
     WorkerCreated,
+    WorkerLimits,
     WorkerRead,
     WorkerSessionRead,
 )
@@ -81,7 +82,16 @@ def _worker_read(worker: DbWorker, sessions: int = 0) -> WorkerRead:
         api_key_prefix=worker.api_key_prefix,
         created_at=worker.created_at,
         connected_sessions=sessions,
+        allowed_models=worker.allowed_models,
+        max_slots=worker.max_slots,
+        max_sockets=worker.max_sockets,
     )
+
+
+async def _close_sockets(broker: BrokerDep, worker_id: str) -> None:
+    """Close the worker's open sockets on every replica (the broker's command channel reaches them all)."""
+    for session_id in await live_sessions_of(broker, worker_id):
+        await broker.publish_command(worker_command_channel(session_id), DISCONNECT_COMMAND)
 
 
 @router.post(
@@ -90,7 +100,14 @@ def _worker_read(worker: DbWorker, sessions: int = 0) -> WorkerRead:
 async def create_worker(body: CreateWorkerRequest, session: SessionDep) -> WorkerCreated:
     """Register a worker; the response holds its API key, which is not shown again."""
     key, key_hash, prefix = new_worker_key()
-    worker = DbWorker(name=body.name, api_key_hash=key_hash, api_key_prefix=prefix)
+    worker = DbWorker(
+        name=body.name,
+        api_key_hash=key_hash,
+        api_key_prefix=prefix,
+        allowed_models=body.allowed_models,
+        max_slots=body.max_slots,
+        max_sockets=body.max_sockets,
+    )
     session.add(worker)
     await session.commit()
     return WorkerCreated(**_worker_read(worker).model_dump(), api_key=key)
@@ -104,15 +121,37 @@ async def list_workers(session: SessionDep, broker: BrokerDep) -> list[WorkerRea
 
 
 @router.post("/workers/{worker_id}/api_key", response_model=WorkerCreated, responses=_WORKER)
-async def replace_worker_key(worker_id: str, session: SessionDep) -> WorkerCreated:
-    """Issue a new API key for the worker; the old one stops working for new connections."""
+async def replace_worker_key(worker_id: str, session: SessionDep, broker: BrokerDep) -> WorkerCreated:
+    """Issue a new API key for the worker; the old one stops working at once: the sockets opened with
+    it, on every replica, are closed (their messages are retried elsewhere)."""
     worker = await session.get(DbWorker, worker_id)
     if worker is None:
         raise not_found("worker")
     key, worker.api_key_hash, worker.api_key_prefix = new_worker_key()
     session.add(worker)
     await session.commit()
+    await _close_sockets(broker, worker_id)
     return WorkerCreated(**_worker_read(worker).model_dump(), api_key=key)
+
+
+@router.put("/workers/{worker_id}/limits", response_model=WorkerRead, responses=_WORKER)
+async def set_worker_limits(
+    worker_id: str, body: WorkerLimits, session: SessionDep, broker: BrokerDep
+) -> WorkerRead:
+    """Replace what the worker's key allows; its open sockets are closed and reconnect under the new
+    limits (a worker that announces more than they allow is refused with close code 4003)."""
+    worker = await session.get(DbWorker, worker_id)
+    if worker is None:
+        raise not_found("worker")
+    worker.allowed_models, worker.max_slots, worker.max_sockets = (
+        body.allowed_models,
+        body.max_slots,
+        body.max_sockets,
+    )
+    session.add(worker)
+    await session.commit()
+    await _close_sockets(broker, worker_id)
+    return _worker_read(worker)
 
 
 @router.delete("/workers/{worker_id}", status_code=204, responses=_WORKER)
@@ -128,6 +167,7 @@ async def delete_worker(worker_id: str, session: SessionDep, broker: BrokerDep) 
     for session_id, owner in live.items():
         if owner == worker_id:
             await broker.publish_command(worker_command_channel(session_id), DISCONNECT_COMMAND)
+    await _close_sockets(broker, worker_id)
     return Response(status_code=204)
 
 

@@ -8,12 +8,21 @@ from fastapi import APIRouter, WebSocket
 from loguru import logger
 from starlette.websockets import WebSocketDisconnect
 
-from oasst_inference_server.auth.worker_keys import find_worker_by_key, record_worker_event
+from oasst_inference_server.auth.worker_keys import (
+    KeyCheckUnavailable,
+    find_worker_by_key,
+    key_refusal,
+    record_worker_event,
+)
 from oasst_inference_server.dispatch.worker_connection import WorkerConnection
 from oasst_shared.protocol import (
     API_KEY_HEADER,
+    CLOSE_KEY_FORBIDS,
     CLOSE_POLICY_VIOLATION,
+    CLOSE_TRY_AGAIN_LATER,
+    CLOSE_UNSUPPORTED_DATA,
     CLOSE_UNSUPPORTED_PROTOCOL,
+    MAX_FRAME_BYTES,
     MIN_SUPPORTED_PROTOCOL_VERSION,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_HEADER,
@@ -21,6 +30,7 @@ from oasst_shared.protocol import (
     UpgradeRequired,
     WorkerInfo,
     dump_frame,
+    fits_in_frame,
     parse_worker_frame,
 )
 
@@ -41,7 +51,14 @@ async def worker_work(websocket: WebSocket) -> None:
     key = websocket.headers.get(API_KEY_HEADER)
     static_key = _key_is_valid(key, settings.worker_api_keys)
     # Besides the static keys of settings: the keys of workers registered through the admin API.
-    registered = None if static_key else await find_worker_by_key(state.session_factory, key)
+    try:
+        registered = None if static_key else await find_worker_by_key(state.session_factory, key)
+    except KeyCheckUnavailable:
+        # The database is briefly down: "try again later" (1013), which the worker retries, rather
+        # than the 403 of a bad key, which it takes as final.
+        await websocket.accept()
+        await _close_quietly(websocket, CLOSE_TRY_AGAIN_LATER, "cannot check the API key now")
+        return
     if not static_key and registered is None:
         logger.warning("refused a worker from {}: bad API key", websocket.client)
         await websocket.close(code=CLOSE_POLICY_VIOLATION)  # before accept: an HTTP 403
@@ -66,6 +83,8 @@ async def worker_work(websocket: WebSocket) -> None:
         return
     try:
         text = await asyncio.wait_for(websocket.receive_text(), timeout=settings.worker_hello_timeout)
+        if not fits_in_frame(text):
+            raise ProtocolError(f"frame over the limit of {MAX_FRAME_BYTES} bytes")
         info = parse_worker_frame(text)
     except (asyncio.TimeoutError, WebSocketDisconnect):
         logger.warning("worker from {} never described itself", websocket.client)
@@ -74,8 +93,16 @@ async def worker_work(websocket: WebSocket) -> None:
     except ProtocolError as exc:
         await _close_quietly(websocket, CLOSE_POLICY_VIOLATION, f"malformed worker_info: {exc}"[:120])
         return
+    except KeyError:  # starlette's receive_text on a binary frame
+        await _close_quietly(websocket, CLOSE_UNSUPPORTED_DATA, "binary frames are not part of the protocol")
+        return
     if not isinstance(info, WorkerInfo):
         await _close_quietly(websocket, CLOSE_POLICY_VIOLATION, "the first frame must be worker_info")
+        return
+    refusal = await key_refusal(info, registered, settings, state.broker)
+    if refusal is not None:
+        logger.warning("refused a worker from {}: {}", websocket.client, refusal)
+        await _close_quietly(websocket, CLOSE_KEY_FORBIDS, refusal[:120])
         return
     connection = WorkerConnection(
         websocket,
@@ -84,6 +111,7 @@ async def worker_work(websocket: WebSocket) -> None:
         broker=state.broker,
         lifecycle=state.lifecycle,
         protocol_version=version,
+        worker_id=registered.id if registered else None,
     )
     record = functools.partial(
         record_worker_event,

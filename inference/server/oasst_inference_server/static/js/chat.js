@@ -134,6 +134,11 @@ export class ChatController {
         stream.text = "";
         stream.retry = event;
         break;
+      case "gap":
+        // Events were trimmed from the stream while we were away: the partial text has a hole.
+        // Show what follows; the final message event carries the whole answer.
+        stream.text = "";
+        break;
       case "message":
         this.tree.put(event.message);
         this.finish(messageId);

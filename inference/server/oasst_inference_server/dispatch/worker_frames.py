@@ -1,0 +1,85 @@
+"""Reading a worker's frames defensively: what a refused frame belongs to, and usage the server trusts.
+
+A frame the protocol refuses (invalid text, over the frame limit, a bad field) is blamed on the
+messages it names, when it names any: :func:`salvage` returns the parts that are valid and the message
+ids of the parts that are not, so only those messages fail. Only a frame that names no message
+(garbage, a wrong type) is held against the whole connection.
+
+:func:`bounded_usage` caps the token counts a worker reports by what the server itself saw: a worker
+cannot bill more tokens than the message allowed, than the text it streamed could hold, or a prompt
+larger than the text the server sent.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from pydantic import ValidationError
+
+from oasst_shared.protocol import GeneratedText, ProtocolError, Token, Work, WorkerFrame, parse_worker_frame
+
+# Slack for tokens that leave no text (a stop sequence cut from the answer, special tokens).
+USAGE_SLACK_TOKENS = 64
+# Chat-template tokens a turn may add around its text.
+TEMPLATE_TOKENS_PER_TURN = 16
+TEMPLATE_TOKENS = 256
+
+
+@dataclass
+class Salvaged:
+    frames: list[WorkerFrame] = field(default_factory=list)
+    refused: dict[str, str] = field(default_factory=dict)  # message id -> why
+
+
+def salvage(text: str | bytes, error: str) -> Salvaged | None:
+    """The valid parts of a refused frame and the messages of the invalid ones; None if it names none."""
+    try:
+        data = json.loads(text)
+    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
+        return None
+    if not isinstance(data, dict):
+        return None
+    result = Salvaged()
+    if data.get("type") == "token_batch" and isinstance(data.get("tokens"), list):
+        for item in data["tokens"]:
+            message_id = item.get("message_id") if isinstance(item, dict) else None
+            try:
+                result.frames.append(Token.model_validate(item))
+            except ValidationError as exc:
+                if isinstance(message_id, str):
+                    result.refused[message_id] = _first(exc)
+    elif isinstance(data.get("message_id"), str):
+        result.refused[data["message_id"]] = error
+    return result if result.refused else None
+
+
+def parse_or_salvage(text: str | bytes) -> tuple[WorkerFrame | None, Salvaged | None, str | None]:
+    """(the frame, None, None), or (None, what can be saved, the error) for a refused frame."""
+    try:
+        return parse_worker_frame(text), None, None
+    except ProtocolError as exc:
+        return None, salvage(text, str(exc)), str(exc)
+
+
+def bounded_usage(result: GeneratedText, work: Work | None, streamed_bytes: int) -> GeneratedText:
+    """``result`` with its token counts capped by what the server sent and saw streamed."""
+    text_bytes = len(result.text.encode("utf-8"))
+    # A token carries at least one byte of text, save those a stop sequence cut or specials.
+    generated_cap = max(streamed_bytes, text_bytes) + USAGE_SLACK_TOKENS
+    if work is not None:
+        generated_cap = min(generated_cap, work.sampling_parameters.max_new_tokens)
+    generated = min(result.generated_tokens, generated_cap)
+    prompt = result.prompt_tokens
+    if prompt is not None and work is not None:
+        sent = sum(len(t.content.encode("utf-8")) for t in work.thread)
+        sent += len((work.system_prompt or "").encode("utf-8")) + len((work.raw_prompt or "").encode("utf-8"))
+        prompt = min(prompt, sent + TEMPLATE_TOKENS_PER_TURN * len(work.thread) + TEMPLATE_TOKENS)
+    if generated == result.generated_tokens and prompt == result.prompt_tokens:
+        return result
+    return result.model_copy(update={"generated_tokens": generated, "prompt_tokens": prompt})
+
+
+def _first(exc: ValidationError) -> str:
+    error = exc.errors(include_url=False, include_input=False)[0]
+    return f"{'.'.join(str(p) for p in error['loc'])}: {error['msg']}"
