@@ -23,6 +23,11 @@ from pathlib import Path
 import httpx
 import pytest
 
+# Production is the server's default; the tests ask for development (known secrets, debug login,
+# /docs and /metrics) here, for in-process apps and for every server process they start. A test of
+# production mode sets its own environment.
+os.environ["OASST_SERVER_ENVIRONMENT"] = "development"
+
 POSTGRES_ADMIN_DSN = os.environ.get("OASST_TEST_POSTGRES", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("OASST_TEST_REDIS", "redis://127.0.0.1:6379/0")
 MODEL_NAME = "SmolLM2-135M-Instruct"

@@ -305,6 +305,7 @@ class BenchRun:
         limits = {} if admission_limits else NO_ADMISSION_LIMITS
         env = {
             **limits,
+            "OASST_SERVER_ENVIRONMENT": "development",
             "OASST_SERVER_HOST": "127.0.0.1",
             "OASST_SERVER_PORT": str(port),
             "OASST_SERVER_DATABASE_URL": database_url,

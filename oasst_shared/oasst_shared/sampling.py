@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-MAX_STOP_SEQUENCES = 4  # TGI's default limit
+from oasst_shared.limits import MAX_NEW_TOKENS, MAX_STOP_SEQUENCE_LENGTH, MAX_TOP_K
+from oasst_shared.limits import MAX_STOP_SEQUENCES as MAX_STOP_SEQUENCES  # re-exported
 
 
 class SamplingParameters(BaseModel):
@@ -16,12 +17,12 @@ class SamplingParameters(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    top_k: int | None = Field(default=None, gt=0)
+    top_k: int | None = Field(default=None, gt=0, le=MAX_TOP_K)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     typical_p: float | None = Field(default=None, gt=0.0, le=1.0)
     temperature: float | None = Field(default=None, ge=0.0, le=100.0)
     repetition_penalty: float | None = Field(default=None, gt=0.0, le=100.0)
-    max_new_tokens: int = Field(default=1024, ge=1, le=65536)
+    max_new_tokens: int = Field(default=1024, ge=1, le=MAX_NEW_TOKENS)
     seed: int | None = Field(default=None, ge=0, le=2**64 - 1)
     stop: list[str] = Field(default_factory=list, max_length=MAX_STOP_SEQUENCES)
     do_sample: bool | None = None
@@ -31,6 +32,8 @@ class SamplingParameters(BaseModel):
     def _stop_sequences_not_empty(cls, value: list[str]) -> list[str]:
         if any(not s for s in value):
             raise ValueError("stop sequences must not be empty strings")
+        if any(len(s) > MAX_STOP_SEQUENCE_LENGTH for s in value):
+            raise ValueError(f"a stop sequence may have at most {MAX_STOP_SEQUENCE_LENGTH} characters")
         return value
 
     @property

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import secrets
 import uuid
 
 import pytest
-from api_support import API, TRUSTED_KEY, assert_error, trusted_header
+from api_support import API, DISCORD_TRUSTED_KEY, TRUSTED_KEY, assert_error, trusted_header
 from pydantic import ValidationError
 
 from oasst_inference_server.auth.signed_tokens import create_token
@@ -183,7 +184,7 @@ async def test_trusted_client_signs_its_users_in(client):
     assert registered.status_code == 200, registered.text
     assert registered.json() | {"created_at": None} == {
         "id": user_id,
-        "provider": "website",
+        "provider": "trusted:website",
         "provider_account_id": "web-ada",
         "display_name": "Ada",
         "created_at": None,
@@ -237,6 +238,18 @@ async def test_trusted_client_refusals(client, user):
         401,
         "unauthorized_client",
     )
+    # A key speaks only with the client name it is bound to: the website's key cannot claim to be
+    # the discord bot (whose users it would otherwise reach), nor the bot's key the website.
+    assert_error(
+        await client.get("/chats", headers=trusted_header(user_id, client="discord", api_key=TRUSTED_KEY)),
+        401,
+        "unauthorized_client",
+    )
+    assert_error(
+        await client.get("/chats", headers=trusted_header(client="website", api_key=DISCORD_TRUSTED_KEY)),
+        401,
+        "unauthorized_client",
+    )
     # One client account cannot be claimed by a second user id.
     taken = trusted_header(provider_account_id="acct-shared")
     assert (await client.post("/auth/trusted", headers=taken)).status_code == 200
@@ -264,7 +277,11 @@ async def test_trusted_header_format_is_the_original_one():
     [
         ({"auth_secret": "dev-secret"}, "AUTH_SECRET"),
         ({"auth_secret": "dev-secret-for-local-development-only"}, "AUTH_SECRET"),  # the default
-        ({"allow_debug_auth": True}, "debug auth"),
+        ({"allow_debug_auth": True}, "ALLOW_DEBUG_AUTH"),
+        ({"auth_secret": "x" * 40}, "AUTH_SECRET"),  # long, but not random
+        ({"metrics_token": "short"}, "METRICS_TOKEN"),
+        ({"cors_origins": ["*"]}, "CORS_ORIGINS"),
+        ({"trusted_client_api_keys": ["website:" + "t" * 4]}, "TRUSTED_CLIENT_API_KEYS"),
         ({"worker_api_keys": ["dev-worker-key"]}, "WORKER_API_KEYS"),
         ({"trusted_client_api_keys": ["change-me"]}, "TRUSTED_CLIENT_API_KEYS"),
         ({"admin_root_token": "short"}, "ADMIN_ROOT_TOKEN"),
@@ -275,11 +292,11 @@ async def test_trusted_header_format_is_the_original_one():
 def test_production_refuses_placeholder_secrets(override, complaint):
     good = {
         "environment": "production",
-        "auth_secret": "x" * 40,
+        "auth_secret": secrets.token_hex(32),
         "allow_debug_auth": False,
-        "worker_api_keys": ["w" * 40],
-        "trusted_client_api_keys": ["t" * 40],
-        "admin_root_token": "a" * 40,
+        "worker_api_keys": [secrets.token_hex(20)],
+        "trusted_client_api_keys": [secrets.token_hex(20), f"discord:{secrets.token_hex(20)}"],
+        "admin_root_token": secrets.token_hex(32),
     }
     Settings(_env_file=None, **good)  # type: ignore[call-arg]
     with pytest.raises(ValidationError, match=complaint):
