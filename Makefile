@@ -22,11 +22,12 @@ PROGRESS = 2>&1 | tee -a $(VENV)/pip.log | $(PY) scripts/pip-progress.py
 PIP_FAILED = || { echo "!!! pip failed: its whole output is in $(VENV)/pip.log" >&2; exit 1; }
 COMPOSE ?= docker compose
 
-.PHONY: help venv venv-run up test test-fast lint format bench docs web-vendor images clean
+.PHONY: help venv venv-run up test test-fast fuzz lint format bench docs web-vendor images clean
 
 help:
 	@echo "make up      run the whole stack (server, worker, bundled CPU backend) on SQLite"
 	@echo "make test    run the whole test suite against the local Postgres and Redis"
+	@echo "make fuzz    a longer schemathesis run against the server (make test runs a short one)"
 	@echo "make lint    ruff, mypy and the import rules (lint-imports)"
 	@echo "make bench   run the benchmarks and write docs/performance.md"
 	@echo "make web-vendor  re-copy the web page's pinned npm modules (needs npm)"
@@ -64,6 +65,13 @@ test: $(STAMP)
 
 test-fast: $(STAMP)
 	@$(PY) -m pytest -m "not slow" $(PYTEST_ARGS)
+
+# schemathesis against the OpenAPI document, on SQLite and on Postgres+Redis: more cases per operation
+# and a time budget per run (tests/fuzz/test_schemathesis.py); OASST_FUZZ_SEED picks other cases.
+FUZZ_EXAMPLES ?= 100
+FUZZ_MAX_TIME ?= 300
+fuzz: $(STAMP)
+	@OASST_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) OASST_FUZZ_MAX_TIME=$(FUZZ_MAX_TIME) $(PY) -m pytest tests/fuzz -p no:timeout $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	@$(VENV)/bin/ruff check .

@@ -7,6 +7,7 @@ Redis key prefix is created for the run and removed afterwards. The helpers behi
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -14,6 +15,11 @@ import pytest
 from tests.support.clients import close_all
 from tests.support.services import REDIS_URL, fresh_database, fresh_redis_prefix
 from tests.support.stacks import BackendProcess, Stack, start_cpu_backend, start_stack
+
+# Production is the server's default; the tests ask for development (known secrets, debug login,
+# /docs and /metrics) here, for in-process apps and for every server process they start. A test of
+# production mode sets its own environment.
+os.environ["OASST_SERVER_ENVIRONMENT"] = "development"
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -231,7 +231,7 @@ start() {
 
     pane backend "${common[@]}" OASST_CPU_BACKEND_HOST=127.0.0.1 "OASST_CPU_BACKEND_PORT=$BACKEND_PORT" \
         "$ROOT/.venv/bin/oasst-cpu-backend"
-    pane server "${common[@]}" OASST_SERVER_HOST=127.0.0.1 "OASST_SERVER_PORT=$SERVER_PORT" \
+    pane server "${common[@]}" OASST_SERVER_ENVIRONMENT=development OASST_SERVER_HOST=127.0.0.1 "OASST_SERVER_PORT=$SERVER_PORT" \
         "OASST_SERVER_DATABASE_URL=$database_url" "OASST_SERVER_BROKER_URL=$broker_url" \
         "OASST_SERVER_REDIS_KEY_PREFIX=$REDIS_PREFIX" "$ROOT/.venv/bin/oasst-server"
     pane worker-1 "${worker_env[@]}" "$ROOT/.venv/bin/oasst-worker"

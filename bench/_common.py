@@ -298,6 +298,7 @@ class BenchRun:
         env = {
             **limits,
             **BENCH_WORKER_LIMITS,
+            "OASST_SERVER_ENVIRONMENT": "development",
             "OASST_SERVER_HOST": "127.0.0.1",
             "OASST_SERVER_PORT": str(port),
             "OASST_SERVER_DATABASE_URL": database_url,

@@ -137,6 +137,8 @@ def main() -> int:
             "server",
             "oasst_inference_server",
             {
+                # A local server on SQLite: production mode (the default) would refuse its known secrets.
+                "OASST_SERVER_ENVIRONMENT": os.environ.get("OASST_SERVER_ENVIRONMENT", "development"),
                 "OASST_SERVER_HOST": host,
                 "OASST_SERVER_PORT": str(port),
                 "OASST_SERVER_DATABASE_URL": os.environ.get(

@@ -10,10 +10,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from oasst_shared.limits import MAX_NEW_TOKENS, MAX_STOP_SEQUENCE_LENGTH, MAX_TOP_K
+from oasst_shared.limits import MAX_STOP_SEQUENCES as MAX_STOP_SEQUENCES  # re-exported
 from oasst_shared.logprobs import MAX_TOP_LOGPROBS
 from oasst_shared.tool_calls import check_schema_size
-
-MAX_STOP_SEQUENCES = 4  # TGI's default limit
 
 
 class JsonSchemaFormat(BaseModel):
@@ -80,7 +80,9 @@ class SamplingParameters(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    top_k: int | None = Field(default=None, gt=0, description="Sample among the k most likely tokens.")
+    top_k: int | None = Field(
+        default=None, gt=0, le=MAX_TOP_K, description="Sample among the k most likely tokens."
+    )
     top_p: float | None = Field(
         default=None,
         gt=0.0,
@@ -95,7 +97,7 @@ class SamplingParameters(BaseModel):
         default=None, gt=0.0, le=100.0, description="Above 1 discourages repeating tokens."
     )
     max_new_tokens: int = Field(
-        default=1024, ge=1, le=65536, description="Upper bound on the answer's length."
+        default=1024, ge=1, le=MAX_NEW_TOKENS, description="Upper bound on the answer's length."
     )
     seed: int | None = Field(default=None, ge=0, le=2**64 - 1, description="For repeatable sampling.")
     stop: list[str] = Field(
@@ -128,6 +130,8 @@ class SamplingParameters(BaseModel):
     def _stop_sequences_not_empty(cls, value: list[str]) -> list[str]:
         if any(not s for s in value):
             raise ValueError("stop sequences must not be empty strings")
+        if any(len(s) > MAX_STOP_SEQUENCE_LENGTH for s in value):
+            raise ValueError(f"a stop sequence may have at most {MAX_STOP_SEQUENCE_LENGTH} characters")
         return value
 
     def required_capabilities(self) -> dict[str, str]:

@@ -12,12 +12,12 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from oasst_shared.limits import MAX_MESSAGE_LENGTH as MAX_MESSAGE_LENGTH  # re-exported for clients
+from oasst_shared.limits import MAX_TITLE_LENGTH
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ParameterConfig
 from oasst_shared.sampling import SamplingParameters
 from oasst_shared.tool_calls import ToolCall
-
-MAX_MESSAGE_LENGTH = 32_000
 
 
 class MessageState(str, enum.Enum):
@@ -47,7 +47,7 @@ class _Request(BaseModel):
 
 
 class CreateChatRequest(_Request):
-    title: str | None = Field(default=None, max_length=200)
+    title: str | None = Field(default=None, max_length=MAX_TITLE_LENGTH)
 
 
 class CreatePrompterMessageRequest(_Request):
@@ -322,7 +322,7 @@ class ListApiRequestsResponse(BaseModel):
 class ChatUpdateRequest(_Request):
     """PUT/PATCH ``/chats/{id}``: only the fields given are changed (the original server's shape)."""
 
-    title: str | None = Field(default=None, max_length=200)
+    title: str | None = Field(default=None, max_length=MAX_TITLE_LENGTH)
     hidden: bool | None = None
     allow_data_use: bool | None = None
     active_thread_tail_message_id: str | None = None

@@ -57,6 +57,8 @@ EXPLICIT_SERVER_SETTINGS = {
     "OASST_SERVER_AUTH_DISCORD_CLIENT_ID",
     "OASST_SERVER_AUTH_DISCORD_CLIENT_SECRET",
     "OASST_SERVER_PROCESSES",
+    "OASST_SERVER_METRICS_ENABLED",
+    "OASST_SERVER_DOCS_ENABLED",
 }
 # The variables third-party images read (from their documentation), per image repository.
 THIRD_PARTY_ENV = {

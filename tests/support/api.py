@@ -18,10 +18,13 @@ API = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.asyncio(loop_scope="
 
 ADMIN_TOKEN = "test-admin-root-token-0123456789abcdef"
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-TRUSTED_KEY = "test-trusted-frontend-key-0123456789"
+TRUSTED_KEY = "test-trusted-frontend-key-0123456789"  # a bare key: the client named "website"
+DISCORD_TRUSTED_KEY = "test-trusted-discord-bot-key-0123456789"  # bound to the client named "discord"
+TRUSTED_CLIENT_API_KEYS = [TRUSTED_KEY, f"discord:{DISCORD_TRUSTED_KEY}"]
 MAX_MESSAGES_PER_CHAT = 8
 MAX_QUEUE_SIZE = 4
 MAX_MESSAGE_LENGTH = 2000
+MAX_CHATS_PER_USER = 30
 
 
 @dataclass
@@ -36,10 +39,13 @@ class User:
         return {"Authorization": f"Bearer {self.access_token}"}
 
 
-def trusted_header(user_id: str | None = None, api_key: str = TRUSTED_KEY, **fields: str) -> dict[str, str]:
+def trusted_header(user_id: str | None = None, api_key: str | None = None, **fields: str) -> dict[str, str]:
+    client = fields.get("client", "website")
+    if api_key is None:
+        api_key = DISCORD_TRUSTED_KEY if client == "discord" else TRUSTED_KEY
     info = TrustedClient(
         api_key=api_key,
-        client=fields.get("client", "website"),
+        client=client,
         user_id=user_id or str(uuid.uuid4()),
         provider_account_id=fields.get("provider_account_id", f"acct-{uuid.uuid4().hex[:8]}"),
         username=fields.get("username", "Web User"),

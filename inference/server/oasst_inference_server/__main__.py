@@ -18,9 +18,24 @@ def main() -> None:
     if args:
         print(USAGE, file=sys.stderr if args[0] not in ("-h", "--help") else sys.stdout)
         sys.exit(0 if args[0] in ("-h", "--help") else 2)
-    from oasst_inference_server.serve import run
+    from pydantic import ValidationError
 
-    run()
+    from oasst_inference_server.serve import run
+    from oasst_inference_server.settings import get_settings
+
+    try:
+        settings = get_settings()
+    except ValidationError as exc:
+        # Production is the default: a server started with no settings says which secret to set.
+        print("oasst-server: refusing to start:", file=sys.stderr)
+        for error in exc.errors():
+            print(f"  - {str(error['msg']).removeprefix('Value error, ')}", file=sys.stderr)
+        print(
+            "  (for a local development server set OASST_SERVER_ENVIRONMENT=development; see docs/security.md)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    run(settings)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
 
 from loguru import logger
@@ -10,11 +11,19 @@ from loguru import logger
 
 class _InterceptHandler(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno < logging.INFO and _from_websockets(record):
+            # At DEBUG the websockets library logs every handshake header (a worker's X-API-Key) and
+            # every frame (users' text), under whichever logger uvicorn hands it: never kept.
+            return
         try:
             level: str | int = logger.level(record.levelname).name
         except ValueError:
             level = record.levelno
         logger.opt(depth=6, exception=record.exc_info).log(level, record.getMessage())
+
+
+def _from_websockets(record: logging.LogRecord) -> bool:
+    return f"{os.sep}websockets{os.sep}" in record.pathname
 
 
 def configure_logging(level: str = "INFO") -> None:

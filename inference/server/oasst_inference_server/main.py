@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from loguru import logger
 
+from oasst_inference_server.api.edge_guard import EdgeGuard
 from oasst_inference_server.api.error_handlers import install_error_handlers
 from oasst_inference_server.api.responses import document_errors
 from oasst_inference_server.api.routes import (
@@ -77,25 +78,33 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await broker.close()
             await engine.dispose()
 
+    docs = bool(settings.docs_enabled)
     app = FastAPI(
         title="Open-Assistant inference server",
         version="0.1.0",
         lifespan=lifespan,
         description="Chats with streamed answers from a fleet of text-generation workers.",
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
     )
     install_error_handlers(app)
     if settings.cors_origins:
         app.add_middleware(
             CORSMiddleware,
             allow_origins=settings.cors_origins,
-            allow_credentials=True,
+            # A wildcard origin never carries credentials (production refuses the wildcard).
+            allow_credentials="*" not in settings.cors_origins,
             allow_methods=["*"],
             allow_headers=["*"],
         )
+    # Outermost: bodies are bounded and checked before CORS, authentication or parsing.
+    app.add_middleware(EdgeGuard, max_body_bytes=settings.max_request_body_bytes)
+    if settings.metrics_enabled:
+        app.include_router(metrics.router)
     # chat_management before chats: its /chats/hide_all must win over /chats/{chat_id}.
     for module in (
         health,
-        metrics,
         auth,
         account,
         chat_management,

@@ -8,11 +8,9 @@ from typing import Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-# The development default is 32+ bytes only so that PyJWT does not warn on every token in `make up`.
-DEV_AUTH_SECRET = "dev-secret-for-local-development-only"
-PLACEHOLDER_SECRETS = frozenset(
-    {"", "change-me", "changeme", "dev-secret", DEV_AUTH_SECRET, "dev-worker-key"}
-)
+from oasst_inference_server.production import DEV_AUTH_SECRET, DEV_WORKER_KEY, check_production
+from oasst_inference_server.trusted_client_names import parse_trusted_client_entry
+from oasst_shared.limits import MAX_MESSAGE_LENGTH, MAX_REQUEST_MESSAGES
 
 
 class Settings(BaseSettings):
@@ -21,8 +19,9 @@ class Settings(BaseSettings):
     )
 
     environment: Literal["development", "production"] = Field(
-        "development",
-        description="`production` refuses to start with placeholder secrets or with debug login enabled.",
+        default="production",
+        description="production (the default) refuses placeholder, short or empty secrets, the debug login "
+        "and a wildcard CORS origin; development (make up, the tests) must be asked for (docs/security.md)",
     )
     host: str = Field("127.0.0.1", description="Address to listen on.")
     port: int = Field(default=8000, ge=1, le=65535, description="Port to listen on.")
@@ -63,19 +62,24 @@ class Settings(BaseSettings):
         ),
     )
 
-    auth_secret: str = Field(default=DEV_AUTH_SECRET, description="Signs access and refresh tokens")
+    auth_secret: str = Field(
+        default="",
+        description="Signs access and refresh tokens (32+ random characters; development has a default)",
+    )
     access_token_expire_minutes: int = Field(
         default=60, ge=1, description="Lifetime of an access token (short-lived: clients refresh them)."
     )
     refresh_token_expire_days: int = Field(default=30, ge=1, description="Lifetime of a refresh token.")
-    allow_debug_auth: bool = Field(
-        True,
-        description="Allow the debug login (any username, no password); the text-client and the web page use it in development.",
+    allow_debug_auth: bool | None = Field(
+        default=None,
+        description="Password-less debug login (the text-client and the web page use it in development); "
+        "default: on in development, off in production",
     )
 
     worker_api_keys: list[str] = Field(
-        default_factory=lambda: ["dev-worker-key"],
-        description='API keys workers may connect with (JSON list, e.g. `["key-1","key-2"]`).',
+        default_factory=list,
+        description="Worker keys from settings (JSON list, 16+ characters each); development adds "
+        "dev-worker-key. Keys created with the admin API need no setting",
     )
     worker_ping_interval: float = Field(
         default=5.0, gt=0, description="Seconds between pings to each worker."
@@ -133,8 +137,26 @@ class Settings(BaseSettings):
         description="Seconds between queue-position updates to a reader whose message waits.",
     )
     cors_origins: list[str] = Field(
-        default_factory=list,
-        description="Origins allowed to call the API from a browser (JSON list); empty: no CORS headers.",
+        default_factory=list, description="Browser origins allowed to call the API (credentials included)"
+    )
+
+    # ------------------------------------------------------------ the edge (issue 11)
+    max_request_body_bytes: int = Field(
+        default=2 * 1024 * 1024,
+        ge=1024,
+        description="Largest request body, checked from Content-Length and while it streams in (413)",
+    )
+
+    # ------------------------------------------------------------ what production serves (issue 11)
+    docs_enabled: bool | None = Field(
+        default=None,
+        description="Serve /docs, /redoc and /openapi.json; default: on in development, off in production",
+    )
+    metrics_enabled: bool | None = Field(
+        default=None, description="Serve /metrics; default: on in development, off in production"
+    )
+    metrics_token: str | None = Field(
+        default=None, description="When set, /metrics asks for Authorization: Bearer <token> (32+ characters)"
     )
 
     # ------------------------------------------------------------ database start-up
@@ -145,7 +167,11 @@ class Settings(BaseSettings):
     # ------------------------------------------------------------ users and auth
     # Web frontends that sign their users in with the ``TrustedClient`` header (the original
     # Open-Assistant inference server's format); each key authorises one frontend.
-    trusted_client_api_keys: list[str] = Field(default_factory=list)
+    trusted_client_api_keys: list[str] = Field(
+        default_factory=list,
+        description="NAME:KEY per frontend: the key speaks only for users that frontend created, and only "
+        "with client NAME in its TrustedClient header (a bare KEY is the frontend named website)",
+    )
     # Public base URL of this server, used to build OAuth callback URLs (``{api_root}/auth/callback/github``).
     api_root: str = "http://127.0.0.1:8000"
     oauth_state_ttl_seconds: int = Field(
@@ -190,7 +216,28 @@ class Settings(BaseSettings):
 
     # ------------------------------------------------------------ chat limits
     max_messages_per_chat: int = Field(default=500, ge=2, description="Messages one chat may hold.")
-    max_message_length: int = Field(default=16_000, ge=1, description="Characters per prompter message")
+    max_message_length: int = Field(
+        default=16_000, ge=1, le=MAX_MESSAGE_LENGTH, description="Characters per prompter message"
+    )
+    max_system_prompt_length: int = Field(
+        default=8_000,
+        ge=1,
+        le=MAX_MESSAGE_LENGTH,
+        description="Characters of a system prompt (chat API and /v1)",
+    )
+    max_messages_per_request: int = Field(
+        default=256, ge=1, le=MAX_REQUEST_MESSAGES, description="Messages of one /v1/chat/completions request"
+    )
+    max_chats_per_user: int = Field(
+        default=1_000, ge=1, description="Chats a user may keep (hidden ones count; deleting frees room)"
+    )
+    max_api_keys_per_user: int = Field(default=50, ge=1, description="Unrevoked API keys per user (409)")
+    max_sse_readers_per_user: int = Field(
+        default=32, ge=1, description="Event streams one user may hold open at once, across replicas (429)"
+    )
+    max_sse_readers_per_message: int = Field(
+        default=8, ge=1, description="Event streams open at once on one message, across replicas (429)"
+    )
     max_queue_size: int = Field(
         default=200, ge=1, description="Pending messages per model before new ones get a 503"
     )
@@ -210,31 +257,30 @@ class Settings(BaseSettings):
     store_api_conversations: bool = False
 
     @model_validator(mode="after")
-    def _refuse_placeholders_in_production(self) -> Settings:
-        if self.environment == "production":
-            if self.auth_secret in PLACEHOLDER_SECRETS or len(self.auth_secret) < 32:
-                raise ValueError("set OASST_SERVER_AUTH_SECRET to a random string of 32+ characters")
-            if any(k in PLACEHOLDER_SECRETS for k in self.worker_api_keys):
-                raise ValueError("set OASST_SERVER_WORKER_API_KEYS: the development key is not allowed")
-            if self.allow_debug_auth:
-                raise ValueError("debug auth cannot be enabled in production")
+    def _trusted_client_names(self) -> Settings:
+        names = [parse_trusted_client_entry(e)[0] for e in self.trusted_client_api_keys]
+        if len(set(names)) != len(names):
+            raise ValueError("OASST_SERVER_TRUSTED_CLIENT_API_KEYS: one key per client name")
         return self
 
     @model_validator(mode="after")
-    def _refuse_placeholder_credentials_in_production(self) -> Settings:
-        if self.environment != "production":
-            return self
-        if any(k in PLACEHOLDER_SECRETS or len(k) < 16 for k in self.trusted_client_api_keys):
-            raise ValueError("OASST_SERVER_TRUSTED_CLIENT_API_KEYS: each key needs 16+ random characters")
-        if self.admin_root_token is not None and (
-            self.admin_root_token in PLACEHOLDER_SECRETS or len(self.admin_root_token) < 32
-        ):
-            raise ValueError("set OASST_SERVER_ADMIN_ROOT_TOKEN to a random string of 32+ characters")
-        for provider in ("github", "discord"):
-            client_id = getattr(self, f"auth_{provider}_client_id")
-            secret = getattr(self, f"auth_{provider}_client_secret")
-            if client_id and (secret is None or secret in PLACEHOLDER_SECRETS):
-                raise ValueError(f"OASST_SERVER_AUTH_{provider.upper()}_CLIENT_SECRET is missing")
+    def _development_defaults(self) -> Settings:
+        # Known secrets and the debug login exist only when development is asked for explicitly.
+        if self.environment == "development":
+            if not self.auth_secret:
+                self.auth_secret = DEV_AUTH_SECRET
+            if not self.worker_api_keys:
+                self.worker_api_keys = [DEV_WORKER_KEY]
+        development = self.environment == "development"
+        for flag in ("allow_debug_auth", "docs_enabled", "metrics_enabled"):
+            if getattr(self, flag) is None:
+                setattr(self, flag, development)
+        return self
+
+    @model_validator(mode="after")
+    def _refuse_placeholders_in_production(self) -> Settings:
+        if self.environment == "production":
+            check_production(self)
         return self
 
     @model_validator(mode="after")
@@ -247,6 +293,10 @@ class Settings(BaseSettings):
     def in_progress_bound(self, max_new_tokens: int) -> float:
         """Seconds a message may stay in_progress on one try."""
         return self.in_progress_grace + max_new_tokens / self.min_generation_rate
+
+    def trusted_client_keys(self) -> dict[str, str]:
+        """Client name -> its key (``trusted_client_api_keys`` entries are ``NAME:KEY`` or a bare key)."""
+        return dict(parse_trusted_client_entry(entry) for entry in self.trusted_client_api_keys)
 
     @property
     def is_sqlite(self) -> bool:

@@ -39,6 +39,35 @@ def test_the_admin_cli_refuses_bad_names_and_bad_settings():
     assert oasst_server("--help").returncode == 0
 
 
+def test_the_server_with_no_settings_refuses_to_start_and_names_the_secret(tmp_path):
+    """Production is the default: no environment at all means production, and its missing secret is
+    named (no traceback, no server)."""
+    started = subprocess.run(
+        [sys.executable, "-m", "oasst_inference_server"],
+        env={k: v for k, v in os.environ.items() if not k.startswith("OASST_")},
+        cwd=tmp_path,  # no .env file to read
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 2, started.stderr
+    assert "OASST_SERVER_AUTH_SECRET" in started.stderr and "Traceback" not in started.stderr
+    assert "OASST_SERVER_ENVIRONMENT=development" in started.stderr  # how to ask for development
+    assert "Uvicorn running" not in started.stderr
+
+
+def test_production_is_the_default_and_development_must_be_asked_for(monkeypatch):
+    monkeypatch.delenv("OASST_SERVER_ENVIRONMENT", raising=False)
+    secret = "4f1c8e2a9b7d6053e1f2a3b4c5d6e7f8091a2b3c4d5e6f708192a3b4c5d6e7f8"
+    production = Settings(_env_file=None, auth_secret=secret)  # type: ignore[call-arg]
+    assert production.environment == "production"
+    assert not production.allow_debug_auth and not production.docs_enabled and not production.metrics_enabled
+    assert production.worker_api_keys == []  # keys come from the admin API
+    development = Settings(_env_file=None, environment="development")  # type: ignore[call-arg]
+    assert development.allow_debug_auth and development.docs_enabled and development.metrics_enabled
+    assert development.worker_api_keys == ["dev-worker-key"]
+
+
 def test_several_server_processes_need_redis_and_postgres():
     base = {"database_url": "postgresql+asyncpg://u@h/db", "broker_url": "redis://h:6379/0"}
     assert Settings(_env_file=None, processes=4, **base).processes == 4  # type: ignore[call-arg]

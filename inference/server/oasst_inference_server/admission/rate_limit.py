@@ -6,7 +6,8 @@ racing past the check together may both get in: the limits are fair-use guards, 
 
 A generation is any message that was queued for a worker (``enqueued_at`` set): a chat's assistant
 message, an OpenAI-API completion or an embedding request. Chat messages carry no ``user_id``; they
-belong to the user through their chat.
+belong to the user through their chat. Generations whose messages were deleted (with a chat or an
+account) still count, through their usage records.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func
+from sqlalchemy import ColumnElement, and_, func, or_
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 from sqlmodel.sql.expression import SelectOfScalar
 
-from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
+from oasst_inference_server.chats.usage_records import subject_of
+from oasst_inference_server.db.models import DbChat, DbMessage, DbUsageRecord, DbUser, utcnow
 from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.settings import Settings
@@ -46,6 +48,19 @@ async def _count(session: AsyncSession, user_id: str, condition: ColumnElement[b
     return total
 
 
+async def _recorded_since(session: AsyncSession, user_id: str, since: datetime) -> list[datetime]:
+    """Generations of deleted messages: the user's own, and those of earlier accounts of the same
+    sign-in identity (``usage_records.py``)."""
+    user = await session.get(DbUser, user_id)
+    owner = DbUsageRecord.user_id == user_id
+    if user is not None:
+        owner = or_(owner, DbUsageRecord.subject == subject_of(user))
+    rows = await session.exec(
+        select(DbUsageRecord.enqueued_at).where(owner, DbUsageRecord.enqueued_at >= since)
+    )
+    return list(rows.all())
+
+
 async def check_generation_limits(session: AsyncSession, settings: Settings, user_id: str) -> None:
     """Raise a 429 ``ApiError`` with ``Retry-After`` if the user may not start another generation now."""
     if settings.max_concurrent_generations_per_user:
@@ -69,6 +84,7 @@ async def check_generation_limits(session: AsyncSession, settings: Settings, use
         recent: list[datetime] = []
         for query in _own_generations(user_id, recent_condition):
             recent.extend(t for t in (await session.exec(query)).all() if t is not None)
+        recent.extend(await _recorded_since(session, user_id, now - WINDOW))
         if len(recent) >= limit:
             recent.sort()
             # Once the oldest requests leave the window, one more fits.

@@ -47,10 +47,14 @@ _trusted_client = APIKeyHeader(name=TRUSTED_CLIENT_HEADER, auto_error=False, sch
 
 
 async def _user_of_access_token(settings: Settings, session: AsyncSession, token: str) -> DbUser:
-    user_id = verify_token(settings, token, "access")
+    user_id, generation = verify_token(settings, token, "access")
     user = await session.get(DbUser, user_id)
     if user is None or user.deleted:
         raise ApiError(401, "invalid_token", "unknown user", {"WWW-Authenticate": "Bearer"})
+    if generation != user.token_generation:
+        raise ApiError(
+            401, "token_revoked", "this token was revoked: sign in again", {"WWW-Authenticate": "Bearer"}
+        )
     return user
 
 

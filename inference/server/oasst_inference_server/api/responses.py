@@ -30,7 +30,8 @@ ADMIN: Responses = {
 
 
 def document_errors(app: FastAPI, *, skip_prefixes: tuple[str, ...] = ("/v1/",)) -> None:
-    """Make the OpenAPI document show ``ErrorBody`` for 422 and 500 on every REST route."""
+    """Make the OpenAPI document show ``ErrorBody`` for 422 and 500 on every REST route, and 413 on
+    every route that takes a body (``edge_guard.py``)."""
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema:
@@ -53,6 +54,10 @@ def document_errors(app: FastAPI, *, skip_prefixes: tuple[str, ...] = ("/v1/",))
                         "description": "Invalid request (the errors list names the fields)",
                         **ref,
                     }
+                if "requestBody" in operation:
+                    responses.setdefault(
+                        "413", {"description": "The body is over OASST_SERVER_MAX_REQUEST_BODY_BYTES", **ref}
+                    )
                 responses.setdefault("500", {"description": "Unexpected server error", **ref})
         app.openapi_schema = schema
         return schema

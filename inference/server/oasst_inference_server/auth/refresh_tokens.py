@@ -6,8 +6,9 @@ copied (or a client raced itself): the whole family is revoked, so whoever holds
 signed out too (OAuth 2.0 Security BCP, "refresh token rotation"). The use is one conditional
 update, so two replicas refreshing one token concurrently cannot both succeed.
 
-Access tokens are short-lived signed JWTs (``signed_tokens.py``); they are not stored and stop working when
-the user is deleted or when they expire.
+Access tokens are short-lived signed JWTs (``signed_tokens.py``); they are not stored and stop working
+when they expire, when the user is deleted, or when the user's tokens are revoked (each names the
+user's token generation, which ``revoke_user_tokens`` increments).
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def _new_refresh_row(settings: Settings, user_id: str, family_id: str) -> tuple[
     return token, row
 
 
-def _pair(settings: Settings, user_id: str, refresh_token: str) -> LoginResponse:
+def _pair(settings: Settings, user: DbUser, refresh_token: str) -> LoginResponse:
     return LoginResponse(
-        access_token=TokenPair(access_token=create_token(settings, user_id, "access")),
+        access_token=TokenPair(access_token=create_token(settings, user.id, "access", user.token_generation)),
         refresh_token=TokenPair(access_token=refresh_token),
     )
 
@@ -57,7 +58,7 @@ async def login(session: AsyncSession, settings: Settings, user: DbUser) -> Logi
     token, row = _new_refresh_row(settings, user.id, new_id())
     session.add(row)
     await session.commit()
-    return _pair(settings, user.id, token)
+    return _pair(settings, user, token)
 
 
 async def refresh(session: AsyncSession, settings: Settings, presented: str) -> LoginResponse:
@@ -95,7 +96,7 @@ async def refresh(session: AsyncSession, settings: Settings, presented: str) -> 
     token, successor = _new_refresh_row(settings, user_id, family_id)
     session.add(successor)
     await session.commit()
-    return _pair(settings, user_id, token)
+    return _pair(settings, user, token)
 
 
 async def _reuse_detected(session: AsyncSession, user_id: str, family_id: str) -> None:
@@ -126,6 +127,11 @@ async def revoke_family_of(session: AsyncSession, presented: str) -> int:
 
 
 async def revoke_user_tokens(session: AsyncSession, user_id: str) -> int:
+    """Revoke the user's refresh tokens and end the access tokens already issued (the user's token
+    generation moves on, and every access token names the generation it was issued in)."""
+    await session.exec(
+        update(DbUser).where(DbUser.id == user_id).values(token_generation=DbUser.token_generation + 1)
+    )
     return await revoke(session, DbRefreshToken.user_id == user_id)
 
 

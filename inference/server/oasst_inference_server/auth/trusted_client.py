@@ -5,9 +5,11 @@ the header is base64-encoded JSON ``{"api_key", "client", "user_id", "provider_a
 "username"}``. ``api_key`` must be one of ``settings.trusted_client_api_keys``; ``user_id`` is the
 user's id at the frontend and becomes (or finds) the user's id here, with ``client`` as its provider.
 
-A trusted client acts only for users it created: a user id that belongs to another provider (a
-GitHub or debug login, another frontend) is refused, so one frontend's key cannot reach another's
-users.
+Each key is bound to one client name (``settings.trusted_client_api_keys`` entries are
+``NAME:KEY``): the header's ``client`` must be that name, and the key acts only for users it
+created, whose provider is ``trusted:NAME`` (``trusted_client_names.py``). A user id of another
+provider (a GitHub, Discord or debug login, another frontend) is refused, so one frontend's key
+cannot reach another's users, whatever client name it claims.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from oasst_inference_server.db.models import DbUser
 from oasst_inference_server.domain_errors import Conflict, NotAuthenticated
 from oasst_inference_server.settings import Settings
+from oasst_inference_server.trusted_client_names import trusted_provider
 
 TRUSTED_CLIENT_HEADER = "TrustedClient"
 
@@ -52,27 +55,36 @@ def parse_trusted_client(header: str) -> TrustedClient:
         ) from None
 
 
-def _key_is_trusted(settings: Settings, api_key: str) -> bool:
-    return any(hmac.compare_digest(api_key.encode(), k.encode()) for k in settings.trusted_client_api_keys)
+def _client_of_key(settings: Settings, api_key: str) -> str | None:
+    """The client name the key is bound to (every key is compared, in constant time each)."""
+    found = None
+    for name, key in settings.trusted_client_keys().items():
+        if hmac.compare_digest(api_key.encode(), key.encode()):
+            found = name
+    return found
 
 
 async def trusted_client_user(session: AsyncSession, settings: Settings, header: str) -> DbUser:
     """The user a trusted client speaks for, created on first sight."""
     info = parse_trusted_client(header)
-    if not _key_is_trusted(settings, info.api_key):
+    client_name = _client_of_key(settings, info.api_key)
+    if client_name is None:
         raise NotAuthenticated("unauthorized_client", "unknown trusted-client API key")
+    if info.client != client_name:
+        raise NotAuthenticated("unauthorized_client", "this key belongs to another trusted client")
+    provider = trusted_provider(client_name)
     user = await session.get(DbUser, info.user_id)
     if user is None:
         user = DbUser(
             id=info.user_id,
-            provider=info.client,
+            provider=provider,
             provider_account_id=info.provider_account_id,
             display_name=info.username,
         )
         session.add(user)
         try:
             await session.commit()
-            logger.info("trusted client {} created user {}", info.client, user.id)
+            logger.info("trusted client {} created user {}", client_name, user.id)
         except IntegrityError:
             # Created by a concurrent request, or the account id is taken by another user id.
             await session.rollback()
@@ -84,7 +96,7 @@ async def trusted_client_user(session: AsyncSession, settings: Settings, header:
             user = found
     if user.deleted:
         raise NotAuthenticated("user_deleted", "this account was deleted")
-    if user.provider != info.client:
+    if user.provider != provider:
         raise NotAuthenticated("unauthorized_client", "this user was not created by this trusted client")
     if user.display_name != info.username:
         user.display_name = info.username

@@ -16,7 +16,9 @@ The broker holds only what can be rebuilt from the database (rule 1 of docs/arch
   after its terminal event; the finished message is then served from the database;
 * **worker sessions**, with a TTL refreshed while the worker answers pings;
 * **commands** (e.g. cancel) published to the replica holding a worker's socket;
-* **locks** with a TTL, so periodic jobs run on one replica at a time.
+* **locks** with a TTL, so periodic jobs run on one replica at a time;
+* **slots**: at most N holders of a name at once, each with a TTL (event-stream readers per user and
+  per message, counted across replicas; a replica that dies leaves its slots to expire).
 """
 
 from __future__ import annotations
@@ -148,3 +150,13 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def release_lock(self, name: str, owner: str) -> None:
         """Release the lock if ``owner`` holds it."""
+
+    # ------------------------------------------------------------ slots
+    @abc.abstractmethod
+    async def acquire_slot(self, name: str, holder: str, limit: int, ttl: float) -> bool:
+        """Take (or extend) one of ``limit`` slots of ``name`` for ``holder`` for ``ttl`` seconds; False
+        when ``limit`` other unexpired holders have one. Extending a held slot always succeeds."""
+
+    @abc.abstractmethod
+    async def release_slot(self, name: str, holder: str) -> None:
+        """Give the slot back (nothing happens when ``holder`` has none)."""

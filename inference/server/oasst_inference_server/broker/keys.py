@@ -75,6 +75,10 @@ class RedisKeys:
     def lock(self, name: str) -> str:
         return f"{self.prefix}lock:{name}"
 
+    def slots(self, name: str) -> str:
+        # A sorted set: holder -> expiry (ms of Redis' clock).
+        return f"{self.prefix}slots:{name}"
+
     def channel(self, name: str) -> str:
         return f"{self.prefix}command:{name}"
 

@@ -81,6 +81,7 @@ class InMemoryBroker(Broker):
         self._sessions: dict[str, tuple[WorkerSessionRecord, float]] = {}
         self._subscriptions: dict[str, set[_Subscription]] = {}
         self._locks: dict[str, tuple[str, float]] = {}
+        self._slots: dict[str, dict[str, float]] = {}  # name -> holder -> monotonic expiry
 
     # ------------------------------------------------------------ lifecycle
     async def close(self) -> None:
@@ -329,6 +330,24 @@ class InMemoryBroker(Broker):
         held = self._locks.get(name)
         if held is not None and held[0] == owner:
             del self._locks[name]
+
+    # ------------------------------------------------------------ slots
+    async def acquire_slot(self, name: str, holder: str, limit: int, ttl: float) -> bool:
+        now = time.monotonic()
+        holders = {h: t for h, t in self._slots.get(name, {}).items() if t > now}
+        if holder not in holders and len(holders) >= limit:
+            self._slots[name] = holders
+            return False
+        holders[holder] = now + ttl
+        self._slots[name] = holders
+        return True
+
+    async def release_slot(self, name: str, holder: str) -> None:
+        holders = self._slots.get(name)
+        if holders is not None:
+            holders.pop(holder, None)
+            if not holders:
+                del self._slots[name]
 
 
 def _resolve(future: asyncio.Future[str | None], value: str | None) -> None:

@@ -79,6 +79,20 @@ end
 return #KEYS
 """
 
+# KEYS[1]: the slots' sorted set; ARGV: holder, limit, ttl ms. Expired holders go first; Redis' own
+# clock stamps the expiries, so replicas with skewed clocks agree.
+_ACQUIRE_SLOT = """
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
+if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
+    redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[3]), ARGV[1])
+    redis.call('PEXPIRE', KEYS[1], ARGV[3])
+    return 1
+end
+return 0
+"""
+
 _RELEASE_LOCK = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('DEL', KEYS[1])
@@ -169,6 +183,7 @@ class RedisBroker(Broker):
         self._release_lock = self._client.register_script(_RELEASE_LOCK)
         self._delete_stream = self._client.register_script(_DELETE_STREAM)
         self._append_events = self._client.register_script(_APPEND_EVENTS)
+        self._acquire_slot = self._client.register_script(_ACQUIRE_SLOT)
         self._closed = False
         self._closed_future: asyncio.Future[None] | None = None
         self._blocking: set[asyncio.Task[Any]] = set()
@@ -422,6 +437,16 @@ class RedisBroker(Broker):
     async def release_lock(self, name: str, owner: str) -> None:
         with _translated("lock release"):
             await self._release_lock(keys=[self.keys.lock(name)], args=[owner])
+
+    # ------------------------------------------------------------ slots
+    async def acquire_slot(self, name: str, holder: str, limit: int, ttl: float) -> bool:
+        with _translated("slot acquire"):
+            taken = await self._acquire_slot(keys=[self.keys.slots(name)], args=[holder, limit, _ms(ttl)])
+        return bool(taken)
+
+    async def release_slot(self, name: str, holder: str) -> None:
+        with _translated("slot release"):
+            await self._client.zrem(self.keys.slots(name), holder)
 
 
 class _Commands:

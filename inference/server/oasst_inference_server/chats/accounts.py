@@ -5,9 +5,11 @@ What ``DELETE /account`` (and the admin's ``DELETE /admin/users/{id}``) does, in
 1. every pending or running generation of the user is cancelled (on whichever replica runs it);
 2. chats that did not allow data use are deleted with their messages and feedback;
 3. the other chats are kept as anonymous data: titles cleared, hidden;
-4. refresh tokens and API keys are revoked and client settings deleted; access tokens stop working
+4. the generations of the account are kept as usage records (rate limits of a new account of the
+   same sign-in identity count them);
+5. refresh tokens and API keys are revoked and client settings deleted; access tokens stop working
    at once (the user is marked deleted, which every authenticated request checks);
-5. the user row loses its name and provider account: ``display_name`` becomes "deleted user",
+6. the user row loses its name and provider account: ``display_name`` becomes "deleted user",
    ``provider`` "deleted", ``provider_account_id`` the user's own id. The same person signing in
    again through a provider gets a new, empty account.
 """
@@ -23,6 +25,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
 from oasst_inference_server.chats.chat_store import cancel_active_messages, delete_chat
+from oasst_inference_server.chats.usage_records import record_generations
 from oasst_inference_server.db.models import DbApiKey, DbChat, DbMessage, DbUser, DbUserSettings, utcnow
 
 if TYPE_CHECKING:
@@ -46,6 +49,9 @@ async def delete_account(session: AsyncSession, lifecycle: MessageLifecycle, use
     for chat in list(private):
         await delete_chat(session, lifecycle, chat)
         deleted_chats += 1
+    # The generations that stay (kept chats, API requests) are recorded too: a new account of the same
+    # sign-in identity meets them in its rate limits (usage_records.py).
+    await record_generations(session, user, (DbMessage.user_id == user_id) | DbMessage.chat_id.in_(chat_ids))
     await session.exec(update(DbChat).where(DbChat.user_id == user_id).values(title=None, hidden=True))
     await session.exec(delete(DbUserSettings).where(DbUserSettings.user_id == user_id))
     await session.exec(

@@ -11,6 +11,7 @@ from sqlalchemy import ColumnElement, and_, delete, func, or_
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server.chats.usage_records import record_generations
 from oasst_inference_server.db.models import DbChat, DbMessage, DbMessageEvaluation, DbReport, DbUser
 from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES, to_message_read
 from oasst_inference_server.domain_errors import InvalidRequest, not_found
@@ -183,6 +184,10 @@ async def cancel_active_messages(
 async def delete_chat(session: AsyncSession, lifecycle: MessageLifecycle, chat: DbChat) -> None:
     """Cancel the chat's running messages, then delete it with its messages and feedback; commits."""
     await cancel_active_messages(session, lifecycle, DbMessage.chat_id == chat.id)
+    owner = await session.get(DbUser, chat.user_id)
+    if owner is not None:
+        # Rate limits and usage keep counting the chat's generations (usage_records.py).
+        await record_generations(session, owner, DbMessage.chat_id == chat.id)
     message_ids = select(DbMessage.id).where(DbMessage.chat_id == chat.id).scalar_subquery()
     await session.exec(delete(DbMessageEvaluation).where(DbMessageEvaluation.chat_id == chat.id))
     await session.exec(delete(DbReport).where(DbReport.message_id.in_(message_ids)))

@@ -29,6 +29,9 @@ class DbUser(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     deleted: bool = False
     deleted_at: datetime | None = None
+    # Access tokens carry the generation they were issued in; revoking a user's tokens increments
+    # it, so tokens already issued stop working at once (not only refresh tokens).
+    token_generation: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
 
 
 class DbChat(SQLModel, table=True):
@@ -200,3 +203,32 @@ class DbUserSettings(SQLModel, table=True):
     user_id: str = Field(foreign_key="user.id", primary_key=True, max_length=36, ondelete="CASCADE")
     settings: dict[str, Any] = Field(default_factory=dict, sa_column=Column(JSON, nullable=False))
     updated_at: datetime = Field(default_factory=utcnow)
+
+
+# ---------------------------------------------------------------- usage that outlives its chat (issue 11)
+
+
+class DbUsageRecord(SQLModel, table=True):
+    """A generation whose message was deleted (with its chat or account): what rate limits and usage
+    still count, so deleting a chat or an account never resets them.
+
+    ``subject`` is a hash of the sign-in identity (provider and provider account), so a person who
+    deletes their account and signs in again as a new user still meets the old counts.
+    """
+
+    __tablename__ = "usage_record"
+    __table_args__ = (
+        Index("ix_usage_record_user_enqueued", "user_id", "enqueued_at"),
+        Index("ix_usage_record_subject_enqueued", "subject", "enqueued_at"),
+    )
+
+    message_id: str = Field(primary_key=True, max_length=36)  # one record per generation
+    user_id: str = Field(foreign_key="user.id", max_length=36)
+    subject: str = Field(max_length=64)
+    api_key_id: str | None = Field(default=None, max_length=36)
+    kind: str = Field(default="chat", max_length=16)
+    model_config_name: str | None = Field(default=None, max_length=128)
+    enqueued_at: datetime
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    recorded_at: datetime = Field(default_factory=utcnow)

@@ -24,10 +24,11 @@ from oasst_inference_server.settings import Settings
 from oasst_shared.model_configs import SMOLLM2_135M
 from tests.support.api import (
     ADMIN_TOKEN,
+    MAX_CHATS_PER_USER,
     MAX_MESSAGE_LENGTH,
     MAX_MESSAGES_PER_CHAT,
     MAX_QUEUE_SIZE,
-    TRUSTED_KEY,
+    TRUSTED_CLIENT_API_KEYS,
     User,
 )
 from tests.support.fake_oauth import CLIENT_ID, CLIENT_SECRET, FakeProvider, ServerThread
@@ -66,7 +67,7 @@ def settings(api_database_url: str, api_redis_prefix: str, fake_provider: FakePr
         redis_key_prefix=api_redis_prefix,
         allow_debug_auth=True,
         admin_root_token=ADMIN_TOKEN,
-        trusted_client_api_keys=[TRUSTED_KEY],
+        trusted_client_api_keys=TRUSTED_CLIENT_API_KEYS,
         api_root="http://testserver",
         auth_github_client_id=CLIENT_ID,
         auth_github_client_secret=CLIENT_SECRET,
@@ -81,6 +82,7 @@ def settings(api_database_url: str, api_redis_prefix: str, fake_provider: FakePr
         max_messages_per_chat=MAX_MESSAGES_PER_CHAT,
         max_queue_size=MAX_QUEUE_SIZE,
         max_message_length=MAX_MESSAGE_LENGTH,
+        max_chats_per_user=MAX_CHATS_PER_USER,
         rate_limit_per_minute=0,
         max_concurrent_generations_per_user=0,
         no_worker_timeout=3600,

@@ -149,6 +149,26 @@ async def test_revoke_a_users_refresh_tokens(client, login):
     assert (await client.post(f"/admin/users/{user.id}/revoke_tokens", headers=ADMIN)).json() == {
         "revoked": 0
     }
+
+
+async def test_revoking_a_users_tokens_ends_the_access_tokens_already_issued(client, login, other_user):
+    user = await login()
+    second = (await client.get("/auth/callback/debug", params={"code": user.name})).json()
+    second_access = {"Authorization": f"Bearer {second['access_token']['access_token']}"}
+    assert (await client.get("/chats", headers=user.headers)).status_code == 200
+    assert (await client.post(f"/admin/users/{user.id}/revoke_tokens", headers=ADMIN)).status_code == 200
+    # Both sign-ins' access tokens stop at once, long before they would expire.
+    for headers in (user.headers, second_access):
+        assert_error(await client.get("/chats", headers=headers), 401, "token_revoked")
+    # Another user is untouched, and signing in again gives working tokens.
+    assert (await client.get("/chats", headers=other_user.headers)).status_code == 200
+    again = (await client.get("/auth/callback/debug", params={"code": user.name})).json()
+    fresh = {"Authorization": f"Bearer {again['access_token']['access_token']}"}
+    assert (await client.get("/chats", headers=fresh)).status_code == 200
+    refreshed = await client.post(
+        "/auth/refresh", json={"refresh_token": again["refresh_token"]["access_token"]}
+    )
+    assert refreshed.status_code == 200, refreshed.text
     assert_error(await client.post("/admin/users/nobody/revoke_tokens", headers=ADMIN), 404, "user_not_found")
 
 

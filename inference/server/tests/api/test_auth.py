@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import secrets
 import uuid
 
+import pytest
+from pydantic import ValidationError
+
 from oasst_inference_server.auth.signed_tokens import create_token
-from tests.support.api import API, TRUSTED_KEY, assert_error, trusted_header
+from oasst_inference_server.settings import Settings
+from tests.support.api import API, DISCORD_TRUSTED_KEY, TRUSTED_KEY, assert_error, trusted_header
 
 pytestmark = API
 
@@ -177,7 +182,7 @@ async def test_trusted_client_signs_its_users_in(client):
     assert registered.status_code == 200, registered.text
     assert registered.json() | {"created_at": None} == {
         "id": user_id,
-        "provider": "website",
+        "provider": "trusted:website",
         "provider_account_id": "web-ada",
         "display_name": "Ada",
         "created_at": None,
@@ -231,6 +236,18 @@ async def test_trusted_client_refusals(client, user):
         401,
         "unauthorized_client",
     )
+    # A key speaks only with the client name it is bound to: the website's key cannot claim to be
+    # the discord bot (whose users it would otherwise reach), nor the bot's key the website.
+    assert_error(
+        await client.get("/chats", headers=trusted_header(user_id, client="discord", api_key=TRUSTED_KEY)),
+        401,
+        "unauthorized_client",
+    )
+    assert_error(
+        await client.get("/chats", headers=trusted_header(client="website", api_key=DISCORD_TRUSTED_KEY)),
+        401,
+        "unauthorized_client",
+    )
     # One client account cannot be claimed by a second user id.
     taken = trusted_header(provider_account_id="acct-shared")
     assert (await client.post("/auth/trusted", headers=taken)).status_code == 200
@@ -248,3 +265,37 @@ async def test_trusted_header_format_is_the_original_one():
     raw = json.loads(base64.b64decode(trusted_header("u-1", username="n")["TrustedClient"]))
     assert set(raw) == {"api_key", "client", "user_id", "provider_account_id", "username"}
     assert raw["api_key"] == TRUSTED_KEY and raw["user_id"] == "u-1"
+
+
+# ---------------------------------------------------------------- production settings
+
+
+@pytest.mark.parametrize(
+    "override, complaint",
+    [
+        ({"auth_secret": "dev-secret"}, "AUTH_SECRET"),
+        ({"auth_secret": "dev-secret-for-local-development-only"}, "AUTH_SECRET"),  # the default
+        ({"allow_debug_auth": True}, "ALLOW_DEBUG_AUTH"),
+        ({"auth_secret": "x" * 40}, "AUTH_SECRET"),  # long, but not random
+        ({"metrics_token": "short"}, "METRICS_TOKEN"),
+        ({"cors_origins": ["*"]}, "CORS_ORIGINS"),
+        ({"trusted_client_api_keys": ["website:" + "t" * 4]}, "TRUSTED_CLIENT_API_KEYS"),
+        ({"worker_api_keys": ["dev-worker-key"]}, "WORKER_API_KEYS"),
+        ({"trusted_client_api_keys": ["change-me"]}, "TRUSTED_CLIENT_API_KEYS"),
+        ({"admin_root_token": "short"}, "ADMIN_ROOT_TOKEN"),
+        ({"auth_github_client_id": "id"}, "GITHUB_CLIENT_SECRET"),
+        ({"auth_discord_client_id": "id", "auth_discord_client_secret": "changeme"}, "DISCORD_CLIENT_SECRET"),
+    ],
+)
+def test_production_refuses_placeholder_secrets(override, complaint):
+    good = {
+        "environment": "production",
+        "auth_secret": secrets.token_hex(32),
+        "allow_debug_auth": False,
+        "worker_api_keys": [secrets.token_hex(20)],
+        "trusted_client_api_keys": [secrets.token_hex(20), f"discord:{secrets.token_hex(20)}"],
+        "admin_root_token": secrets.token_hex(32),
+    }
+    Settings(_env_file=None, **good)  # type: ignore[call-arg]
+    with pytest.raises(ValidationError, match=complaint):
+        Settings(_env_file=None, **{**good, **override})  # type: ignore[call-arg]

@@ -21,7 +21,12 @@ def admin_cli(settings: Settings, *args: str, **env: str) -> subprocess.Complete
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OASST_")}
     return subprocess.run(
         [sys.executable, "-m", "oasst_inference_server", "admin", *args],
-        env={**clean, "OASST_SERVER_DATABASE_URL": settings.database_url, **env},
+        env={
+            **clean,
+            "OASST_SERVER_ENVIRONMENT": "development",
+            "OASST_SERVER_DATABASE_URL": settings.database_url,
+            **env,
+        },
         capture_output=True,
         text=True,
         timeout=120,

@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.admission.rate_limit import check_generation_limits
+from oasst_inference_server.chats.accounts import delete_account
+from oasst_inference_server.chats.chat_store import delete_chat
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, utcnow
@@ -118,3 +120,38 @@ async def test_the_rate_limit_counts_the_last_minute_and_says_when_the_next_fits
     # The oldest in the window (30 s ago) leaves it in about 30 s.
     assert 25 <= int(refused.value.headers["Retry-After"]) <= 35
     await check(sessions, limits(per_minute=0, running=0), user_id)  # both off: never refused
+
+
+async def test_deleting_the_chat_or_the_account_does_not_reset_the_rate_limit(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    user_id, chat_id = await add_user(sessions)
+    for minutes_ago in (0.3, 0.2):
+        await add_generation(sessions, state="complete", chat_id=chat_id, minutes_ago=minutes_ago)
+    await add_generation(sessions, state="complete", user_id=user_id, minutes_ago=0.1)
+    with pytest.raises(ApiError):
+        await check(sessions, limits(per_minute=3), user_id)
+    async with sessions() as session:
+        chat = await session.get(DbChat, chat_id)
+        assert chat is not None
+        await delete_chat(session, None, chat)  # type: ignore[arg-type]  # nothing to cancel
+    with pytest.raises(ApiError) as refused:
+        await check(sessions, limits(per_minute=3), user_id)
+    assert refused.value.code == "rate_limited"
+    # The account goes too; the same person signing in again is a new user, and still limited.
+    async with sessions() as session:
+        user = await session.get(DbUser, user_id)
+        assert user is not None
+        identity = (user.provider, user.provider_account_id)
+        await delete_account(session, None, user)  # type: ignore[arg-type]
+        again = DbUser(provider=identity[0], provider_account_id=identity[1], display_name="again")
+        session.add(again)
+        await session.commit()
+        again_id = again.id
+    assert again_id != user_id
+    with pytest.raises(ApiError) as refused:
+        await check(sessions, limits(per_minute=3), again_id)
+    assert refused.value.code == "rate_limited"
+    # Someone else is not affected by those records.
+    other_id, _ = await add_user(sessions)
+    await check(sessions, limits(per_minute=1), other_id)

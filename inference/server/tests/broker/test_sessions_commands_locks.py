@@ -133,3 +133,19 @@ async def test_lock_release_only_by_owner(broker: Broker) -> None:
 
 async def test_ping(broker: Broker) -> None:
     assert await broker.ping()
+
+
+async def test_slots_cap_holders_and_expire(broker: Broker) -> None:
+    assert await broker.acquire_slot("readers", "a", 2, ttl=0.3)
+    assert await broker.acquire_slot("readers", "b", 2, ttl=10)
+    assert not await broker.acquire_slot("readers", "c", 2, ttl=10)  # full
+    assert await broker.acquire_slot("readers", "a", 2, ttl=0.3)  # a holder extends its own
+    assert await broker.acquire_slot("other", "c", 2, ttl=10)  # names are independent
+    await broker.release_slot("readers", "b")
+    await broker.release_slot("readers", "nobody")
+    assert await broker.acquire_slot("readers", "c", 2, ttl=10)
+    assert not await broker.acquire_slot("readers", "d", 2, ttl=10)
+    deadline = time.monotonic() + 5.0
+    while not await broker.acquire_slot("readers", "d", 2, ttl=10):  # a's slot expires
+        assert time.monotonic() < deadline, "the slot did not expire"
+        await asyncio.sleep(0.05)

@@ -209,7 +209,8 @@ async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[W
 
 @router.post("/users/{user_id}/revoke_tokens", response_model=RevokedTokensResponse, responses=_USER)
 async def revoke_tokens(user_id: str, session: SessionDep) -> RevokedTokensResponse:
-    """Revoke every refresh token of the user (access tokens expire within their short lifetime)."""
+    """Sign the user out everywhere: every refresh token is revoked and every access token already
+    issued stops working (the count is of refresh tokens)."""
     if await session.get(DbUser, user_id) is None:
         raise not_found("user")
     return RevokedTokensResponse(revoked=await revoke_user_tokens(session, user_id))

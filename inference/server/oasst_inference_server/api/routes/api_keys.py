@@ -8,7 +8,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Response
 from sqlalchemy import func, select
 
-from oasst_inference_server.api.deps import SessionDep, SignedInUser
+from oasst_inference_server.api.deps import SessionDep, SettingsDep, SignedInUser
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.auth.api_key_store import create_api_key
 from oasst_inference_server.db.models import DbApiKey, utcnow
@@ -22,8 +22,6 @@ from oasst_shared.schemas import (
 )
 
 router = APIRouter(prefix="/api_keys", tags=["api keys"])
-
-MAX_ACTIVE_KEYS = 50
 
 
 def to_api_key_read(row: DbApiKey) -> ApiKeyRead:
@@ -43,15 +41,21 @@ def to_api_key_read(row: DbApiKey) -> ApiKeyRead:
     status_code=201,
     responses={**AUTH, 409: error("Too many active keys")},
 )
-async def create_key(body: CreateApiKeyRequest, user: SignedInUser, session: SessionDep) -> ApiKeyCreated:
+async def create_key(
+    body: CreateApiKeyRequest, user: SignedInUser, session: SessionDep, settings: SettingsDep
+) -> ApiKeyCreated:
     """Create a key. The response carries the key itself, once: only its hash is stored."""
     active = (
         await session.exec(
             select(func.count()).where(DbApiKey.user_id == user.id, DbApiKey.revoked_at.is_(None))
         )
     ).scalar_one()
-    if active >= MAX_ACTIVE_KEYS:
-        raise ApiError(409, "too_many_api_keys", f"at most {MAX_ACTIVE_KEYS} active keys: revoke one first")
+    if active >= settings.max_api_keys_per_user:
+        raise ApiError(
+            409,
+            "too_many_api_keys",
+            f"at most {settings.max_api_keys_per_user} active keys: revoke one first",
+        )
     row, key = await create_api_key(session, user, body.name.strip() or "key")
     return ApiKeyCreated(**to_api_key_read(row).model_dump(), key=key)
 

@@ -112,6 +112,7 @@ async def login_trusted(
 @router.get(
     "/login/debug",
     status_code=307,
+    response_class=RedirectResponse,
     responses={403: error("Debug login is disabled"), 422: error("Invalid username")},
 )
 async def login_debug(
@@ -144,6 +145,7 @@ async def debug_login(
 @router.get(
     "/login/{provider}",
     status_code=302,
+    response_class=RedirectResponse,
     responses={404: error("The provider is not configured")},
 )
 async def login_oauth(

@@ -16,6 +16,7 @@ from oasst_inference_server.admission.limits import (
     check_queue_capacity,
 )
 from oasst_inference_server.admission.rate_limit import check_generation_limits
+from oasst_inference_server.admission.request_bounds import check_chat_count, check_system_prompt
 from oasst_inference_server.api.deps import BrokerDep, CurrentUser, RegistryDep, SessionDep, SettingsDep
 from oasst_inference_server.broker import is_stream_id
 from oasst_inference_server.chats.chat_store import (
@@ -31,6 +32,7 @@ from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, to_message_read
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.streams.event_reader import read_message_events
+from oasst_inference_server.streams.reader_slots import ReaderLease, acquire_reader
 from oasst_inference_server.streams.sse import SseEvent, encode_sse
 from oasst_shared.schemas import (
     ChatRead,
@@ -60,10 +62,18 @@ def _lifecycle(request: Request) -> MessageLifecycle:
     return request.app.state.lifecycle
 
 
-@router.post("", response_model=ChatRead, responses=_AUTH_ERRORS)
+@router.post(
+    "",
+    response_model=ChatRead,
+    responses={
+        **_AUTH_ERRORS,
+        409: {"model": ErrorBody, "description": "The user has max_chats_per_user chats"},
+    },
+)
 async def create_chat(
-    user: CurrentUser, session: SessionDep, body: CreateChatRequest | None = None
+    user: CurrentUser, session: SessionDep, settings: SettingsDep, body: CreateChatRequest | None = None
 ) -> ChatRead:
+    await check_chat_count(session, settings, user.id)
     chat = DbChat(user_id=user.id, title=body.title if body else None)
     session.add(chat)
     await session.commit()
@@ -159,6 +169,7 @@ async def create_prompter_message(
         400: {"model": ErrorBody, "description": "Bad parent message or unknown model"},
         429: {"model": ErrorBody, "description": "Rate or concurrency limit reached (see Retry-After)"},
         409: {"model": ErrorBody, "description": "The chat has reached max_messages_per_chat"},
+        422: {"model": ErrorBody, "description": "Invalid request, or a system prompt over its limit"},
         503: {"model": ErrorBody, "description": "No worker serves the model, or its queue is full"},
     },
 )
@@ -190,6 +201,7 @@ async def create_assistant_message(
             400, "unknown_model", f"unknown model {body.model_config_name!r}; available models: {available}"
         )
     check_capabilities(body.sampling_parameters, live[body.model_config_name])
+    check_system_prompt(request.app.state.settings, body.system_prompt)
     await check_generation_limits(session, request.app.state.settings, user.id)
     await check_chat_capacity(session, request.app.state.settings, chat.id)
     await check_queue_capacity(session, request.app.state.settings, body.model_config_name)
@@ -242,6 +254,8 @@ async def cancel_message(
     responses={
         **_ID_ERRORS,
         200: {"content": {"text/event-stream": {}}, "description": "Server-sent events of the message"},
+        400: {"model": ErrorBody, "description": "Not an assistant message, or a bad Last-Event-ID"},
+        429: {"model": ErrorBody, "description": "Too many open event streams for the user or the message"},
     },
 )
 async def message_events(
@@ -266,6 +280,7 @@ async def message_events(
         )
     if message.role != Role.assistant.value:
         raise ApiError(400, "not_assistant_message", "only assistant messages have events")
+    lease = await acquire_reader(broker, settings, user.id, message.id)
     await session.close()  # do not hold a database connection for the life of the stream
     batches = read_message_events(
         _lifecycle(request), broker, settings, message_id, last_event_id, request.is_disconnected
@@ -274,14 +289,14 @@ async def message_events(
     # carries Authorization, which shared caches must not store), and Chromium reports a streamed
     # no-store response read to its end as an aborted request, which the web page's tests forbid.
     return EventSourceResponse(
-        _encoded(batches),
+        _encoded(batches, lease),
         ping=int(settings.sse_ping_interval),
         headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
     )
 
 
-async def _encoded(batches: AsyncGenerator[list[SseEvent], None]) -> AsyncIterator[bytes]:
+async def _encoded(batches: AsyncGenerator[list[SseEvent], None], lease: ReaderLease) -> AsyncIterator[bytes]:
     # One write per batch: a reader that fell behind catches up in one send, not one per token.
-    async with aclosing(batches) as stream:
+    async with lease.held(), aclosing(batches) as stream:
         async for batch in stream:
             yield encode_sse(batch)

@@ -1,14 +1,44 @@
+"""``/metrics`` for Prometheus, included only when ``settings.metrics_enabled`` (production: off unless
+configured); with ``settings.metrics_token`` set it asks for that bearer token."""
+
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+import hmac
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import Response
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from oasst_inference_server import metrics
+from oasst_inference_server.api.deps import SettingsDep
+from oasst_inference_server.api.responses import error
+from oasst_inference_server.errors import ApiError
+
+_metrics_bearer = HTTPBearer(auto_error=False, scheme_name="MetricsToken")
+
+
+async def require_metrics_token(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_metrics_bearer)],
+) -> None:
+    expected = settings.metrics_token
+    if expected is None:
+        return
+    given = credentials.credentials if credentials is not None else ""
+    if not hmac.compare_digest(given.encode(), expected.encode()):
+        raise ApiError(401, "not_authenticated", "metrics token required", {"WWW-Authenticate": "Bearer"})
+
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    dependencies=[Depends(require_metrics_token)],
+    responses={401: error("OASST_SERVER_METRICS_TOKEN is set and the request does not carry it")},
+)
 async def prometheus_metrics(request: Request) -> Response:
     """Prometheus metrics: workers, queue depth and age, in-flight, latency and speed histograms."""
     body, content_type = await metrics.render(request.app.state.session_factory)

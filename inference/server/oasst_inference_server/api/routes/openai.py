@@ -17,6 +17,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from oasst_inference_server.admission.capabilities import check_capabilities
 from oasst_inference_server.admission.limits import check_queue_capacity
 from oasst_inference_server.admission.rate_limit import check_generation_limits
+from oasst_inference_server.admission.request_bounds import check_chat_completion_bounds
 from oasst_inference_server.api.deps import ApiCaller, SessionDep, SettingsDep
 from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.db.models import DbMessage
@@ -215,6 +216,8 @@ async def _generate(
     """Both generation endpoints: queue the request (one job per choice), then stream its chunks or
     answer when done."""
     chat = isinstance(body, ChatCompletionRequest)
+    if isinstance(body, ChatCompletionRequest):
+        check_chat_completion_bounds(settings, body)
     model = await service.resolve_model(body.model, "generation")
     sampling = _sampling(body, model)
     _check_capabilities(body, sampling, model)

@@ -1,7 +1,8 @@
 """A user's usage: generations and tokens per API key and in total, and the recent API requests.
 
 Counted from the messages themselves (every generation is a message with its token counts), so the
-figures hold across replicas and include requests whose client went away mid-stream.
+figures hold across replicas and include requests whose client went away mid-stream), plus the usage
+records of generations whose chat was deleted (``usage_records.py``).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from sqlalchemy import func, select
 
 from oasst_inference_server.api.deps import ApiCaller, SessionDep
 from oasst_inference_server.api.responses import AUTH, error
-from oasst_inference_server.db.models import DbApiKey, DbChat, DbMessage
+from oasst_inference_server.db.models import DbApiKey, DbChat, DbMessage, DbUsageRecord
 from oasst_inference_server.domain_errors import not_found
 from oasst_inference_server.openai_api.openai_service import API_KINDS
 from oasst_shared.schemas import (
@@ -66,6 +67,20 @@ async def usage(caller: ApiCaller, session: SessionDep) -> UsageRead:
             )
         ).all()
     }
+    recorded = (
+        await session.exec(
+            select(
+                DbUsageRecord.api_key_id,
+                func.count(),
+                func.sum(DbUsageRecord.prompt_tokens),
+                func.sum(DbUsageRecord.generated_tokens),
+            )
+            .where(DbUsageRecord.user_id == user_id)
+            .group_by(DbUsageRecord.api_key_id)
+        )
+    ).all()
+    for key_id, *sums in recorded:  # generations of deleted chats (usage_records.py)
+        per_key[key_id] = _add(per_key.get(key_id, UsageTotals()), _totals(*sums))
     chat_row = (
         await session.exec(
             select(*_SUMS)

@@ -1,0 +1,86 @@
+"""Event-stream readers are bounded per user and per message, across replicas (429 past the cap).
+
+Each ``GET .../events`` takes one slot of the user's and one of the message's (``Broker.acquire_slot``,
+with a TTL) before its response starts, keeps them while it streams (refreshed in the background),
+and gives them back when the stream ends. A replica that dies leaves its slots to expire within
+``READER_SLOT_TTL``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+
+from oasst_inference_server.broker import Broker
+from oasst_inference_server.errors import ApiError
+from oasst_inference_server.settings import Settings
+
+READER_SLOT_TTL = 60.0
+_RETRY_AFTER = "5"
+
+
+class ReaderLease:
+    """The two slots of one reader; ``held()`` keeps them alive for the life of the stream."""
+
+    def __init__(self, broker: Broker, names: list[tuple[str, int]]) -> None:
+        self._broker = broker
+        self._names = names
+        self.holder = uuid.uuid4().hex
+
+    async def _take(self) -> str | None:
+        """Take every slot, or none: the name of the full one."""
+        taken: list[str] = []
+        for name, limit in self._names:
+            if not await self._broker.acquire_slot(name, self.holder, limit, READER_SLOT_TTL):
+                for held in taken:
+                    await self._broker.release_slot(held, self.holder)
+                return name
+            taken.append(name)
+        return None
+
+    async def _refresh(self) -> None:
+        while True:
+            await asyncio.sleep(READER_SLOT_TTL / 3)
+            for name, limit in self._names:
+                await self._broker.acquire_slot(name, self.holder, limit, READER_SLOT_TTL)
+
+    async def release(self) -> None:
+        for name, _ in self._names:
+            with contextlib.suppress(Exception):  # the slot expires by itself if the broker is away
+                await self._broker.release_slot(name, self.holder)
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        refresher = asyncio.create_task(self._refresh(), name=f"reader-slots-{self.holder[:8]}")
+        try:
+            yield
+        finally:
+            refresher.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await refresher
+            await self.release()
+
+
+async def acquire_reader(broker: Broker, settings: Settings, user_id: str, message_id: str) -> ReaderLease:
+    """A reader's slots, or a 429 naming the cap it met."""
+    lease = ReaderLease(
+        broker,
+        [
+            (f"sse-user:{user_id}", settings.max_sse_readers_per_user),
+            (f"sse-message:{message_id}", settings.max_sse_readers_per_message),
+        ],
+    )
+    full = await lease._take()
+    if full is not None:
+        per_user = full.startswith("sse-user:")
+        limit = settings.max_sse_readers_per_user if per_user else settings.max_sse_readers_per_message
+        raise ApiError(
+            429,
+            "too_many_readers",
+            f"{limit} event streams are already open {'for you' if per_user else 'on this message'}: "
+            "close one first",
+            {"Retry-After": _RETRY_AFTER},
+        )
+    return lease
