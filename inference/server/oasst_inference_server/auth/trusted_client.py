@@ -56,6 +56,14 @@ def _key_is_trusted(settings: Settings, api_key: str) -> bool:
     return any(hmac.compare_digest(api_key.encode(), k.encode()) for k in settings.trusted_client_api_keys)
 
 
+def is_trusted_header(settings: Settings, header: str) -> bool:
+    """Whether a TrustedClient header carries one of the trusted keys (it is not a sign-in)."""
+    try:
+        return _key_is_trusted(settings, parse_trusted_client(header).api_key)
+    except ApiError:
+        return False
+
+
 async def trusted_client_user(session: AsyncSession, settings: Settings, header: str) -> DbUser:
     """The user a trusted client speaks for, created on first sight."""
     info = parse_trusted_client(header)

@@ -29,6 +29,8 @@ class DbUser(SQLModel, table=True):
     created_at: datetime = Field(default_factory=utcnow)
     deleted: bool = False
     deleted_at: datetime | None = None
+    # A key of settings.user_tiers (its weight in the fair queues); None: settings.default_user_tier.
+    tier: str | None = Field(default=None, max_length=32)
 
 
 class DbChat(SQLModel, table=True):
@@ -85,6 +87,8 @@ class DbMessage(SQLModel, table=True):
     prompt_tokens: int | None = None
     # The owner's vote on an assistant message: -1, 0 or 1.
     score: int = 0
+    # Fair-queue accounting (a scheduling.Ticket as JSON): who is charged, the estimate, the weight.
+    scheduling: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
 
 # ---------------------------------------------------------------- auth, feedback and workers (issue 3)

@@ -7,7 +7,9 @@ It runs on one replica at a time (a broker lock) every ``recovery_interval`` sec
 2. re-queues pending messages that no work queue holds (Redis flushed or restarted, or a hint was
    lost in flight);
 3. fails pending messages that waited ``no_worker_timeout`` with no worker connected for their
-   model, so a reader gets an error naming the model instead of an endless pending.
+   model, so a reader gets an error naming the model instead of an endless pending;
+4. fails pending messages that waited longer than their queue timeout (``queue_timeout``, or the
+   shorter one the request asked for), with an error saying so.
 """
 
 from __future__ import annotations
@@ -15,16 +17,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from datetime import timedelta
+from datetime import timedelta, timezone
 
 from loguru import logger
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.db.models import DbMessage, utcnow
-from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch import events, fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
 from oasst_inference_server.settings import Settings
@@ -72,6 +75,7 @@ class RecoveryLoop:
         await self.expire_leases()
         await self.requeue_lost_work()
         await self.fail_unservable()
+        await self.fail_overdue()
 
     async def expire_leases(self) -> None:
         now = utcnow()
@@ -100,24 +104,29 @@ class RecoveryLoop:
         grace = utcnow() - timedelta(seconds=self._settings.requeue_grace)
         async with self._sessions() as session:
             pending = (
-                await session.execute(
-                    select(DbMessage.id, DbMessage.model_config_name)
-                    .where(
-                        DbMessage.state == MessageState.pending.value,
-                        DbMessage.enqueued_at < grace,
+                (
+                    await session.execute(
+                        select(DbMessage)
+                        .where(
+                            DbMessage.state == MessageState.pending.value,
+                            DbMessage.enqueued_at < grace,
+                        )
+                        .order_by(DbMessage.enqueued_at)
                     )
-                    .order_by(DbMessage.enqueued_at)
                 )
-            ).all()
-        by_model: dict[str, list[str]] = {}
-        for message_id, model in pending:
-            by_model.setdefault(model or "", []).append(message_id)
-        for model, message_ids in by_model.items():
+                .scalars()
+                .all()
+            )
+        by_model: dict[str, list[DbMessage]] = {}
+        for message in pending:
+            by_model.setdefault(message.model_config_name or "", []).append(message)
+        for model, messages in by_model.items():
             queue = events.work_queue_name(model)
             queued = set(await self._broker.queued_ids(queue))
-            missing = [m for m in message_ids if m not in queued]
-            for message_id in missing:
-                await self._broker.push_work(queue, message_id)
+            missing = [m for m in messages if m.id not in queued]
+            for message in missing:
+                # Pushed with its stored ticket: the rebuilt queue keeps each user's share and order.
+                await self._lifecycle.enqueue(message)
             if missing:
                 logger.warning(
                     "re-queued {} pending messages of {} missing from the queue", len(missing), model
@@ -147,3 +156,37 @@ class RecoveryLoop:
             )
             if model:
                 await self._broker.remove_work(events.work_queue_name(model), message_id)
+
+    async def fail_overdue(self) -> None:
+        now = utcnow()
+        # Requests may only shorten the timeout, and never below a second: older than that is a superset.
+        horizon = now - timedelta(seconds=min(1.0, self._settings.queue_timeout))
+        async with self._sessions() as session:
+            waiting = (
+                (
+                    await session.execute(
+                        select(DbMessage).where(
+                            DbMessage.state == MessageState.pending.value, DbMessage.enqueued_at < horizon
+                        )
+                    )
+                )
+                .scalars()
+                .all()
+            )
+        for message in waiting:
+            ticket = fair_share.stored_ticket(message)
+            timeout = ticket.timeout(self._settings) if ticket else self._settings.queue_timeout
+            assert message.enqueued_at is not None
+            enqueued_at = message.enqueued_at
+            if enqueued_at.tzinfo is None:  # SQLite hands back naive datetimes
+                enqueued_at = enqueued_at.replace(tzinfo=timezone.utc)
+            if (now - enqueued_at).total_seconds() <= timeout:
+                continue
+            failed = await self._lifecycle.fail(
+                message.id,
+                f"no worker took the message within its queue timeout of {timeout:g}s",
+                state=MessageState.failed,
+            )
+            if failed and message.model_config_name:
+                metrics.QUEUE_TIMEOUTS.labels(message.model_config_name).inc()
+                await self._broker.remove_work(events.work_queue_name(message.model_config_name), message.id)

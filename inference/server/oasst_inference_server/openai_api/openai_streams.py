@@ -2,7 +2,8 @@
 
 Translation of the message events:
 
-* ``pending``  -> an SSE comment (keeps proxies and clients from timing out while queued);
+* ``pending``  -> an SSE comment with the queue position and estimated wait (keeps proxies and clients
+  from timing out while queued);
 * ``token``    -> a chunk with the text;
 * ``retry``    -> nothing while no text was sent; after text was sent it cannot be taken back, so the
   stream ends with an error chunk (and the regeneration is cancelled);
@@ -43,7 +44,14 @@ from oasst_shared.openai_schemas import (
 from oasst_shared.schemas import MessageRead
 
 DONE = "data: [DONE]\n\n"
-_PENDING_COMMENT = ": pending\n\n"
+
+
+def pending_comment(event: dict[str, Any]) -> str:
+    text = f": pending, queue position {event.get('queue_position')} of {event.get('queue_size')}"
+    wait = event.get("estimated_wait_seconds")
+    if wait is not None:
+        text += f", estimated wait {wait:.0f}s"
+    return text + "\n\n"
 
 
 def sse(payload: dict[str, Any]) -> str:
@@ -144,7 +152,7 @@ async def stream_answer(
                         sent_text = True
                         out.append(chunks.text(event["text"]))
                     elif kind == "pending":
-                        out.append(_PENDING_COMMENT)
+                        out.append(pending_comment(event))
                     elif kind in ("message", "error") or (kind == "retry" and sent_text):
                         # A retry after text was sent is not finished: settle() cancels the
                         # regeneration nobody would read.

@@ -15,7 +15,14 @@ from oasst_inference_server.admission.limits import (
     check_queue_capacity,
 )
 from oasst_inference_server.admission.rate_limit import check_generation_limits
-from oasst_inference_server.api.deps import BrokerDep, CurrentUser, RegistryDep, SessionDep, SettingsDep
+from oasst_inference_server.api.deps import (
+    BrokerDep,
+    CurrentUser,
+    RegistryDep,
+    SchedulingDep,
+    SessionDep,
+    SettingsDep,
+)
 from oasst_inference_server.broker import is_stream_id
 from oasst_inference_server.chats.chat_store import (
     chat_read,
@@ -27,6 +34,7 @@ from oasst_inference_server.chats.chat_store import (
     to_chat_list_read,
 )
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
+from oasst_inference_server.dispatch import fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, to_message_read
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.streams.event_reader import read_message_events
@@ -168,6 +176,7 @@ async def create_assistant_message(
     user: CurrentUser,
     session: SessionDep,
     registry: RegistryDep,
+    scheduling: SchedulingDep,
 ) -> MessageRead:
     """Queue an answer to a prompter message; stream it from ``.../messages/{id}/events``."""
     chat = await get_own_chat(session, user, chat_id)
@@ -202,6 +211,9 @@ async def create_assistant_message(
         system_prompt=body.system_prompt,
         enqueued_at=now,
     )
+    settings = request.app.state.settings
+    ticket = await fair_share.new_ticket(session, settings, message, scheduling, user=user)
+    message.scheduling = ticket.model_dump(mode="json")
     session.add(message)
     chat.modified_at = now
     chat.active_thread_tail_message_id = message.id

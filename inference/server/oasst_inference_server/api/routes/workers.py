@@ -83,6 +83,7 @@ async def worker_work(websocket: WebSocket) -> None:
         settings=settings,
         broker=state.broker,
         lifecycle=state.lifecycle,
+        dispatcher=state.dispatchers.for_model(info.model_config_.name),
     )
     record = functools.partial(
         record_worker_event,
