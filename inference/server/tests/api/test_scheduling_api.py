@@ -3,11 +3,13 @@ readers are sent, and the operators' queue view."""
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
 
 from api_support import ADMIN, API, answer, assert_error, start_chat, trusted_header
 from sqlalchemy import update
 
+from oasst_inference_server.broker import WorkerSessionRecord
 from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
@@ -157,3 +159,32 @@ async def test_a_message_past_its_queue_timeout_fails_with_a_clear_error(client,
     assert short not in await app.state.broker.queued_ids(events.work_queue_name(live_model))
     assert (await app.state.lifecycle.get(default)).state == "pending"  # queue_timeout (600 s) not reached
     await client.post(f"/chats/{conv.chat_id}/messages/{default}/cancel", headers=user.headers)
+
+
+async def test_a_full_queue_of_one_model_does_not_stop_another(client, app, login, live_model):
+    other_model = f"{live_model}-other"
+    config = app.state.settings  # the second model gets a worker session like live_model's
+    sessions = await app.state.broker.list_worker_sessions()
+    record = next(r for r in sessions if r.model_config_name == live_model)
+    data = json.loads(record.data)
+    data["model_config"]["name"] = other_model
+    await app.state.broker.put_worker_session(
+        WorkerSessionRecord(record.session_id + "-other", other_model, json.dumps(data)), ttl=3600
+    )
+    user = await login()
+    full = [await start_chat(client, user, model=live_model) for _ in range(config.max_queue_size)]
+    conv = await start_chat(client, user)
+    refused = await client.post(
+        f"/chats/{conv.chat_id}/assistant_message",
+        json={"parent_id": conv.prompter_id, "model_config_name": live_model},
+        headers=user.headers,
+    )
+    assert_error(refused, 503, "queue_full")
+    accepted = await answer(client, user, conv.chat_id, conv.prompter_id, other_model)
+    other_queue = await app.state.broker.queued_ids(events.work_queue_name(other_model))
+    assert other_queue == [accepted]  # nothing of the full model's queue crossed over
+    message = await app.state.lifecycle.get(accepted)
+    assert (await app.state.lifecycle.queue_position(message))[:2] == (1, 1)
+    for c in full:
+        await client.post(f"/chats/{c.chat_id}/messages/{c.assistant_id}/cancel", headers=user.headers)
+    await client.post(f"/chats/{conv.chat_id}/messages/{accepted}/cancel", headers=user.headers)
