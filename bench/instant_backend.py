@@ -14,7 +14,7 @@ machine. ``--token-delay`` paces the stream instead (seconds between chunks).
 
 This is a benchmark tool, not a test fake: it has no fault injection and checks little.
 
-    python bench/instant_backend.py --port 8011
+    python -m bench.instant_backend --port 8011
 """
 
 from __future__ import annotations

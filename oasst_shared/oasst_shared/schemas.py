@@ -201,8 +201,10 @@ class ErrorBody(BaseModel):
 
 class PendingEvent(BaseModel):
     event_type: Literal["pending"] = "pending"
-    queue_position: int
+    queue_position: int  # 1 = dispatched next, in the fair queue's real order
     queue_size: int
+    # Seconds until a worker takes the message, from the measured throughput of the model's workers.
+    estimated_wait_seconds: float | None = None
 
 
 class TokenEvent(BaseModel):
@@ -412,6 +414,55 @@ class WorkerCreated(WorkerRead):
     api_key: str
 
 
+class SchedulingRequest(BaseModel):
+    """What a request may ask of the scheduler (headers ``X-Priority``, ``X-Queue-Timeout``; the server
+    checks them against its settings)."""
+
+    priority: int = 0  # trusted clients only
+    queue_timeout: float | None = None  # shorter than settings.queue_timeout
+
+
+class UserBacklog(BaseModel):
+    user_id: str
+    waiting: int  # hints of this user in the fair queue
+    counter: float  # the user's weighted tokens served, as the fair queue counts them
+
+
+class UserService(BaseModel):
+    user_id: str
+    tokens: int  # prompt + generated tokens of the user's messages finished in the window
+
+
+class WorkerLoad(BaseModel):
+    session_id: str
+    max_parallel_requests: int | None = None
+    in_flight: int = 0
+    free_slots: int | None = None
+    kv_cache_free_tokens: int | None = None
+    backend_queue_length: int | None = None
+    tokens_per_second: float | None = None
+
+
+class ModelQueueStatus(BaseModel):
+    model_config = ConfigDict(protected_namespaces=())
+
+    model_config_name: str
+    depth: int  # pending messages (database)
+    oldest_wait_seconds: float | None = None
+    backlog: list[UserBacklog] = Field(default_factory=list)  # users with waiting messages
+    workers: list[WorkerLoad] = Field(default_factory=list)
+    service: list[UserService] = Field(default_factory=list)  # the top users of the window
+
+
+class QueueStatus(BaseModel):
+    window_seconds: float
+    models: list[ModelQueueStatus]
+
+
+class UserTierUpdate(BaseModel):
+    tier: str | None = Field(default=None, max_length=32, description="None: the server's default tier")
+
+
 class WorkerSessionRead(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
 
@@ -436,3 +487,4 @@ class RevokedTokensResponse(BaseModel):
 class AdminUserRead(UserRead):
     deleted: bool = False
     chat_count: int = 0
+    tier: str | None = None  # None: the server's default tier

@@ -125,3 +125,15 @@ def test_profile_hot_path(tmp_path):
     assert m["errors"] == 0 and m["tokens"] > 0
     assert m["server_samples"] > 0, report["notes"]
     assert any("oasst_inference_server" in frame for frame in m["server_project_inclusive"])
+
+
+def test_scheduling(tmp_path):
+    report = run_tiny("scheduling", tmp_path)
+    m = report["metrics"]
+    for run in ("fair", "fifo"):
+        assert m[run]["errors"] == 0, m[run]["first_error"]
+        assert plausible_seconds(m[run]["light_ttft_p50"], 60)
+    # The light users' one answer each goes ahead of the heavy backlog only with fair queuing.
+    assert m["fair"]["light_ttft_p50"] < m["fifo"]["light_ttft_p50"]
+    assert set(m["dispatch_latency"]) == {"1", "10"}
+    assert all(level["lost"] == 0 for level in m["dispatch_latency"].values())

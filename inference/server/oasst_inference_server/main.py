@@ -31,6 +31,7 @@ from oasst_inference_server.api.routes import (
 from oasst_inference_server.broker import create_broker
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
+from oasst_inference_server.dispatch.dispatcher import Dispatchers
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
@@ -51,6 +52,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             stream_maxlen=settings.stream_maxlen,
             max_connections=settings.redis_max_connections,
             stream_idle_ttl=settings.stream_idle_ttl_seconds,
+            fair_credit=settings.fair_queue_credit_tokens,
         )
         await broker.start()
         session_factory = make_session_factory(engine)
@@ -60,6 +62,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.broker = broker
         app.state.registry = WorkerRegistry(broker)
         app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
+        app.state.dispatchers = Dispatchers(broker, app.state.lifecycle)
         recovery = RecoveryLoop(session_factory, broker, app.state.lifecycle, app.state.registry, settings)
         recovery_task = asyncio.create_task(recovery.run(), name="recovery")
         logger.info(

@@ -1,7 +1,7 @@
 """Prometheus metrics of the server (``GET /metrics``).
 
-Counters and histograms are updated where things happen; the queue gauges are computed from the
-database at scrape time, so they show the truth on every replica.
+Counters and histograms are updated where things happen; the queue gauges are computed at scrape
+time from the database and the broker (``dispatch.queue_status``), so every replica shows the same.
 """
 
 from __future__ import annotations
@@ -14,13 +14,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from sqlalchemy import func
-from sqlalchemy.ext.asyncio import async_sessionmaker
-from sqlmodel import select
-from sqlmodel.ext.asyncio.session import AsyncSession
 
-from oasst_inference_server.db.models import DbMessage, utcnow
-from oasst_shared.schemas import MessageState
+from oasst_shared.schemas import QueueStatus
 
 REGISTRY = CollectorRegistry(auto_describe=True)
 
@@ -72,21 +67,54 @@ TOKENS_PER_SECOND = Histogram(
 )
 
 
-async def render(session_factory: async_sessionmaker[AsyncSession]) -> tuple[bytes, str]:
-    """Refresh the database-derived gauges and return the exposition text."""
-    async with session_factory() as session:
-        rows = (
-            await session.exec(
-                select(DbMessage.model_config_name, func.count(), func.min(DbMessage.enqueued_at))
-                .where(DbMessage.state == MessageState.pending.value)
-                .group_by(DbMessage.model_config_name)
-            )
-        ).all()
-    now = utcnow()
-    QUEUE_DEPTH.clear()
-    QUEUE_OLDEST_WAIT.clear()
-    for model, count, oldest in rows:
-        QUEUE_DEPTH.labels(model or "").set(count)
-        if oldest is not None:  # the UTCDateTime column type returns aware datetimes
-            QUEUE_OLDEST_WAIT.labels(model or "").set(max(0.0, (now - oldest).total_seconds()))
+QUEUE_TIMEOUTS = Counter(
+    "oasst_server_queue_timeouts_total",
+    "Messages failed for waiting past their queue timeout",
+    ["model"],
+    registry=REGISTRY,
+)
+USER_BACKLOG = Gauge(
+    "oasst_server_user_backlog",
+    "Messages a user has waiting in the fair queue (the top users)",
+    ["model", "user"],
+    registry=REGISTRY,
+)
+USER_SERVICE = Gauge(
+    "oasst_server_user_tokens_served_window",
+    "Prompt + generated tokens of a user's messages finished in the last window (the top users)",
+    ["model", "user"],
+    registry=REGISTRY,
+)
+WORKER_IN_FLIGHT = Gauge(
+    "oasst_server_worker_in_flight",
+    "Messages a worker session is generating",
+    ["model", "session"],
+    registry=REGISTRY,
+)
+WORKER_TOKENS_PER_SECOND = Gauge(
+    "oasst_server_worker_tokens_per_second",
+    "The decode speed the server measured on a worker session",
+    ["model", "session"],
+    registry=REGISTRY,
+)
+
+
+def render(status: QueueStatus) -> tuple[bytes, str]:
+    """Set the queue gauges from ``status`` (``dispatch.queue_status``) and return the exposition text."""
+    for gauge in (QUEUE_DEPTH, QUEUE_OLDEST_WAIT, USER_BACKLOG, USER_SERVICE, WORKER_IN_FLIGHT):
+        gauge.clear()
+    WORKER_TOKENS_PER_SECOND.clear()
+    for model in status.models:
+        name = model.model_config_name
+        QUEUE_DEPTH.labels(name).set(model.depth)
+        if model.oldest_wait_seconds is not None:
+            QUEUE_OLDEST_WAIT.labels(name).set(model.oldest_wait_seconds)
+        for backlog in model.backlog:
+            USER_BACKLOG.labels(name, backlog.user_id).set(backlog.waiting)
+        for service in model.service:
+            USER_SERVICE.labels(name, service.user_id).set(service.tokens)
+        for worker in model.workers:
+            WORKER_IN_FLIGHT.labels(name, worker.session_id).set(worker.in_flight)
+            if worker.tokens_per_second:
+                WORKER_TOKENS_PER_SECOND.labels(name, worker.session_id).set(worker.tokens_per_second)
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST

@@ -140,14 +140,14 @@ class Settings(BaseSettings):
         default_factory=list, description="Browser origins allowed to call the API (credentials included)"
     )
 
-    # ------------------------------------------------------------ the edge (issue 11)
+    # ------------------------------------------------------------ the edge
     max_request_body_bytes: int = Field(
         default=2 * 1024 * 1024,
         ge=1024,
         description="Largest request body, checked from Content-Length and while it streams in (413)",
     )
 
-    # ------------------------------------------------------------ what production serves (issue 11)
+    # ------------------------------------------------------------ what production serves
     docs_enabled: bool | None = Field(
         default=None,
         description="Serve /docs, /redoc and /openapi.json; default: on in development, off in production",
@@ -242,6 +242,37 @@ class Settings(BaseSettings):
         default=200, ge=1, description="Pending messages per model before new ones get a 503"
     )
 
+    # ------------------------------------------------------------ scheduling
+    fair_queuing: bool = Field(
+        default=True,
+        description="Serve waiting users by least tokens received; off: one first-come-first-served queue",
+    )
+    fair_queue_credit_tokens: float = Field(
+        default=256.0,
+        ge=0,
+        description="Tokens of service a user returning from idle may get ahead of those already waiting",
+    )
+    fair_queue_prompt_token_weight: float = Field(
+        default=1.0, ge=0, description="What a prompt token counts in a user's fair share"
+    )
+    fair_queue_generated_token_weight: float = Field(
+        default=1.0, ge=0, description="What a generated token counts in a user's fair share"
+    )
+    user_tiers: dict[str, float] = Field(
+        default_factory=lambda: {"low": 0.5, "standard": 1.0, "priority": 2.0},
+        description="Tier name -> weight: a user of weight 2 gets twice the tokens of weight 1 under load",
+    )
+    default_user_tier: str = Field(default="standard", description="The tier of users not given one")
+    max_request_priority: int = Field(
+        default=2,
+        ge=0,
+        le=8,
+        description="Trusted clients may pass a priority in [-this, this]; each step doubles the weight",
+    )
+    queue_timeout: float = Field(
+        default=600.0, gt=0, description="Seconds a message may wait in the queue before it fails"
+    )
+
     # ------------------------------------------------------------ per-user limits and the OpenAI API
     # Counted in the database, so they hold across replicas; 0 turns a limit off.
     rate_limit_per_minute: int = Field(
@@ -261,6 +292,14 @@ class Settings(BaseSettings):
         names = [parse_trusted_client_entry(e)[0] for e in self.trusted_client_api_keys]
         if len(set(names)) != len(names):
             raise ValueError("OASST_SERVER_TRUSTED_CLIENT_API_KEYS: one key per client name")
+        return self
+
+    @model_validator(mode="after")
+    def _default_tier_exists(self) -> Settings:
+        if self.default_user_tier not in self.user_tiers:
+            raise ValueError(f"default_user_tier {self.default_user_tier!r} is not one of user_tiers")
+        if any(weight <= 0 for weight in self.user_tiers.values()):
+            raise ValueError("user_tiers weights must be positive")
         return self
 
     @model_validator(mode="after")

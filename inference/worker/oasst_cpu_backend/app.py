@@ -35,6 +35,7 @@ def create_app(settings: Settings | None = None, engine: ModelEngine | None = No
             max_top_n_tokens=settings.max_top_n_tokens,
         )
         metrics = BackendMetrics()
+        metrics.kv_cache_free_tokens.set(model.n_ctx)
         scheduler = Scheduler(model, metrics, settings.max_concurrent_requests)
         app.state.loop = asyncio.get_running_loop()
         app.state.serving = ServingState(

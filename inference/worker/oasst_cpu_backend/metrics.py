@@ -40,6 +40,8 @@ class BackendMetrics:
         self.queue_size = gauge("queue_size", "Requests waiting for the model")
         self.running = gauge("running", "Requests generating right now (0 or 1)")
         self.max_concurrent = gauge("max_concurrent_requests", "Requests admitted at most")
+        # Each request runs with the whole context window, one after another: that is what a new one gets.
+        self.kv_cache_free_tokens = gauge("kv_cache_free_tokens", "KV-cache tokens a new request can use")
         self.time_to_first_token = histogram(
             "time_to_first_token_seconds",
             "From the request's arrival to its first generated token (queue wait included)",

@@ -9,6 +9,12 @@ from fastapi import Depends, Request
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server.api.scheduling_options import (
+    PriorityHeader,
+    QueueTimeoutHeader,
+    TrustedClientHeader,
+    parse_scheduling_request,
+)
 from oasst_inference_server.auth.api_key_store import authenticate_api_key, is_api_key
 from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.auth.signed_tokens import verify_token
@@ -18,6 +24,7 @@ from oasst_inference_server.db.models import DbUser
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.settings import Settings
+from oasst_shared.schemas import SchedulingRequest
 
 
 def get_settings_dep(request: Request) -> Settings:
@@ -98,10 +105,24 @@ SignedInUser = Annotated[DbUser, Depends(get_signed_in_user)]
 CurrentUser = Annotated[DbUser, Depends(get_current_user)]
 
 
+async def get_scheduling_request(
+    settings: SettingsDep,
+    priority: PriorityHeader = None,
+    queue_timeout: QueueTimeoutHeader = None,
+    trusted_client: TrustedClientHeader = None,
+) -> SchedulingRequest:
+    """The request's scheduling options (``X-Priority``, ``X-Queue-Timeout``), checked."""
+    return parse_scheduling_request(settings, priority, queue_timeout, trusted_client)
+
+
+SchedulingDep = Annotated[SchedulingRequest, Depends(get_scheduling_request)]
+
+
 async def get_caller(
     settings: SettingsDep,
     session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    scheduling: SchedulingDep,
 ) -> Caller:
     """Accept an API key (``Authorization: Bearer oak-...``) or a user's access token."""
     if credentials is None or credentials.scheme.lower() != "bearer":
@@ -114,8 +135,8 @@ async def get_caller(
     token = credentials.credentials
     if is_api_key(token):
         user, key_id = await _user_of_api_key(session, token)
-        return Caller(user, key_id)
-    return Caller(await _user_of_access_token(settings, session, token))
+        return Caller(user, key_id, scheduling)
+    return Caller(await _user_of_access_token(settings, session, token), scheduling=scheduling)
 
 
 ApiCaller = Annotated[Caller, Depends(get_caller)]

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from oasst_inference_server.db.models import DbUser
+from oasst_shared.schemas import SchedulingRequest
 
 
 @dataclass(frozen=True)
@@ -13,3 +14,4 @@ class Caller:
 
     user: DbUser
     api_key_id: str | None = None
+    scheduling: SchedulingRequest = field(default_factory=SchedulingRequest)

@@ -64,6 +64,14 @@ def _client_of_key(settings: Settings, api_key: str) -> str | None:
     return found
 
 
+def is_trusted_header(settings: Settings, header: str) -> bool:
+    """Whether a TrustedClient header carries one of the trusted keys (it is not a sign-in)."""
+    try:
+        return _client_of_key(settings, parse_trusted_client(header).api_key) is not None
+    except NotAuthenticated:
+        return False
+
+
 async def trusted_client_user(session: AsyncSession, settings: Settings, header: str) -> DbUser:
     """The user a trusted client speaks for, created on first sight."""
     info = parse_trusted_client(header)

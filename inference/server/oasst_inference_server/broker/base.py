@@ -9,7 +9,9 @@ Two implementations pass one contract test suite (``tests/broker``):
 The broker holds only what can be rebuilt from the database (rule 1 of docs/architecture.md, "the database is the truth"):
 
 * **work queues**, one per model config: entries are *hints* naming a pending message; the claim itself
-  is an atomic database update, so a duplicate or stale hint is harmless;
+  is an atomic database update, so a duplicate or stale hint is harmless. A queue is *fair*: hints
+  are grouped by user and popped in Virtual Token Counter order (:mod:`.fair`), so every replica
+  serves the waiting user who has received the least (weighted) tokens first;
 * **event streams**, one per message: an append-only log of the server-sent events of that message.
   Entry ids are strictly increasing strings and become the SSE event ids; any number of readers read a
   stream independently and resume after any id they saw. A stream expires ``stream_ttl`` seconds
@@ -27,6 +29,8 @@ import abc
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
+
+from oasst_inference_server.broker.fair import QueueSnapshot, dispatch_order
 
 
 class StreamEntry(NamedTuple):
@@ -58,20 +62,32 @@ class Broker(abc.ABC):
 
     # ------------------------------------------------------------ work queues
     @abc.abstractmethod
-    async def push_work(self, queue: str, message_id: str) -> None:
-        """Append a hint that ``message_id`` waits in ``queue`` (FIFO)."""
+    async def push_work(self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0) -> None:
+        """Add a hint that ``message_id`` of ``user`` waits in ``queue``.
+
+        ``cost`` is what serving it adds to the user's counter: estimated tokens divided by the
+        user's weight. Hints of one user pop in the order they were pushed.
+        """
 
     @abc.abstractmethod
     async def pop_work(self, queue: str, timeout: float) -> str | None:
-        """Take the oldest hint of ``queue``, waiting up to ``timeout`` seconds; None if none came."""
+        """Take the next hint in fair order, waiting up to ``timeout`` seconds; None if none came."""
+
+    @abc.abstractmethod
+    async def charge(self, queue: str, user: str, amount: float) -> None:
+        """Correct ``user``'s counter by ``amount`` (real tokens served minus the estimate, weighted)."""
 
     @abc.abstractmethod
     async def queue_length(self, queue: str) -> int:
         """How many hints ``queue`` holds."""
 
     @abc.abstractmethod
+    async def queue_snapshot(self, queue: str) -> QueueSnapshot:
+        """Counters and waiting hints of the backlogged users (one consistent read)."""
+
     async def queued_ids(self, queue: str) -> list[str]:
-        """The hints in ``queue``, oldest first (the recovery loop compares them with the database)."""
+        """The hints in ``queue`` in the order they will be popped (if nothing changes meanwhile)."""
+        return [hint.message_id for hint in dispatch_order(await self.queue_snapshot(queue))]
 
     @abc.abstractmethod
     async def remove_work(self, queue: str, message_id: str) -> None:

@@ -59,7 +59,8 @@ class RedisKeys:
         self.prefix = prefix
 
     def queue(self, name: str) -> str:
-        return f"{self.prefix}queue:{name}"
+        """The base name of a fair queue's keys (see :mod:`.fair_lua`)."""
+        return f"{self.prefix}queue:{name}:"
 
     def stream(self, name: str) -> str:
         return f"{self.prefix}stream:{name}"

@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
 from oasst_inference_server.broker.base import Broker, StreamEntry, WorkerSessionRecord
+from oasst_inference_server.broker.fair import FairQueue, QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import StreamId, parse_stream_id
 
 
@@ -38,9 +39,9 @@ class _Signal:
 
 @dataclass(eq=False)
 class _WorkQueue:
-    items: deque[str] = field(default_factory=deque)
+    items: FairQueue
     # Blocked poppers, oldest first; a push hands its item straight to the first one still waiting.
-    waiters: deque[asyncio.Future[str | None]] = field(default_factory=deque)
+    waiters: deque[asyncio.Future[QueuedHint | None]] = field(default_factory=deque)
 
 
 _END = object()
@@ -64,7 +65,12 @@ class _Subscription:
 
 class InMemoryBroker(Broker):
     def __init__(
-        self, *, stream_ttl: float = 600.0, stream_maxlen: int = 10000, stream_idle_ttl: float = 3600.0
+        self,
+        *,
+        stream_ttl: float = 600.0,
+        stream_maxlen: int = 10000,
+        stream_idle_ttl: float = 3600.0,
+        fair_credit: float = 0.0,
     ) -> None:
         if stream_ttl <= 0:
             raise ValueError("stream_ttl must be positive")
@@ -73,6 +79,7 @@ class InMemoryBroker(Broker):
         self.stream_ttl = stream_ttl
         self.stream_maxlen = stream_maxlen
         self.stream_idle_ttl = stream_idle_ttl
+        self.fair_credit = max(0.0, fair_credit)
         self._closed = False
         self._queues: dict[str, _WorkQueue] = {}
         self._streams: dict[str, _Stream] = {}
@@ -102,40 +109,46 @@ class InMemoryBroker(Broker):
         return not self._closed
 
     # ------------------------------------------------------------ work queues
-    async def push_work(self, queue: str, message_id: str) -> None:
-        self._offer(queue, message_id, front=False)
+    def _queue(self, queue: str) -> _WorkQueue:
+        wq = self._queues.get(queue)
+        if wq is None:
+            wq = self._queues[queue] = _WorkQueue(FairQueue(credit=self.fair_credit))
+        return wq
 
-    def _offer(self, queue: str, message_id: str, *, front: bool) -> None:
-        wq = self._queues.setdefault(queue, _WorkQueue())
-        while wq.waiters:
+    async def push_work(self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0) -> None:
+        wq = self._queue(queue)
+        wq.items.push(message_id, user, cost)
+        self._hand_over(queue, wq)
+
+    def _hand_over(self, queue: str, wq: _WorkQueue) -> None:
+        while wq.waiters and wq.items.length:
             waiter = wq.waiters.popleft()
             if not waiter.done():
-                waiter.set_result(message_id)
-                return
-        if front:
-            wq.items.appendleft(message_id)
-        else:
-            wq.items.append(message_id)
+                waiter.set_result(wq.items.pop())
 
     async def pop_work(self, queue: str, timeout: float) -> str | None:
-        wq = self._queues.setdefault(queue, _WorkQueue())
-        if wq.items:
-            return wq.items.popleft()
+        wq = self._queue(queue)
+        hint = wq.items.pop()
+        if hint is not None:
+            return hint.message_id
         if timeout <= 0 or self._closed:
             return None
         loop = asyncio.get_running_loop()
-        waiter: asyncio.Future[str | None] = loop.create_future()
+        waiter: asyncio.Future[QueuedHint | None] = loop.create_future()
         wq.waiters.append(waiter)
         # call_later rather than wait_for: wait_for may cancel a future that already received an item
         # (Python >= 3.12), which would lose that item.
         timer = loop.call_later(timeout, _resolve, waiter, None)
         try:
-            return await waiter
+            handed_hint = await waiter
+            return None if handed_hint is None else handed_hint.message_id
         except asyncio.CancelledError:
             handed = waiter.result() if waiter.done() and not waiter.cancelled() else None
             if handed is not None:
-                # Our caller was cancelled after an item was handed over: give it back, still first in line.
-                self._offer(queue, handed, front=True)
+                # Our caller was cancelled after an item was handed over: give it back (its user was
+                # charged for it; the next pop of that user takes it first).
+                wq.items.unpop(handed)
+                self._hand_over(queue, wq)
             raise
         finally:
             timer.cancel()
@@ -143,27 +156,21 @@ class InMemoryBroker(Broker):
                 waiter.cancel()
             if waiter in wq.waiters:
                 wq.waiters.remove(waiter)
-            self._forget_queue_if_empty(queue)
 
-    def _forget_queue_if_empty(self, queue: str) -> None:
-        wq = self._queues.get(queue)
-        if wq is not None and not wq.items and not wq.waiters:
-            del self._queues[queue]
+    async def charge(self, queue: str, user: str, amount: float) -> None:
+        self._queue(queue).items.charge(user, amount)
 
     async def queue_length(self, queue: str) -> int:
         wq = self._queues.get(queue)
-        return len(wq.items) if wq else 0
+        return wq.items.length if wq else 0
 
-    async def queued_ids(self, queue: str) -> list[str]:
-        wq = self._queues.get(queue)
-        return list(wq.items) if wq else []
+    async def queue_snapshot(self, queue: str) -> QueueSnapshot:
+        return self._queue(queue).items.snapshot()
 
     async def remove_work(self, queue: str, message_id: str) -> None:
         wq = self._queues.get(queue)
-        if wq is None:
-            return
-        wq.items = deque(item for item in wq.items if item != message_id)
-        self._forget_queue_if_empty(queue)
+        if wq is not None:
+            wq.items.remove(message_id)
 
     # ------------------------------------------------------------ event streams
     def _next_id(self) -> StreamId:
@@ -350,6 +357,6 @@ class InMemoryBroker(Broker):
                 del self._slots[name]
 
 
-def _resolve(future: asyncio.Future[str | None], value: str | None) -> None:
+def _resolve(future: asyncio.Future[QueuedHint | None], value: QueuedHint | None) -> None:
     if not future.done():
         future.set_result(value)

@@ -2,7 +2,8 @@
 
 Layout (every name under ``key_prefix``, see :mod:`.keys`):
 
-* work queue: a list; RPUSH, BLPOP;
+* work queue: a fair queue (per-user lists, a sorted set of user counters) updated by Lua scripts
+  (:mod:`.fair_lua`); a blocked popper BLPOPs a wake token, then pops in fair order;
 * event stream: a Redis Stream (XADD with ``MAXLEN ~``); Redis entry ids are the event ids; a terminal
   event sets a PEXPIRE of ``stream_ttl`` in the same transaction as its XADD;
 * worker session: a string key with a PX TTL holding the record, plus a sorted set indexing the session
@@ -33,7 +34,9 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
+from oasst_inference_server.broker import fair_lua
 from oasst_inference_server.broker.base import Broker, BrokerError, StreamEntry, WorkerSessionRecord
+from oasst_inference_server.broker.fair import QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
 
 T = TypeVar("T")
@@ -145,6 +148,7 @@ class RedisBroker(Broker):
         socket_connect_timeout: float = 5.0,
         retries: int = 3,
         client_name: str | None = "oasst-broker",
+        fair_credit: float = 0.0,
     ) -> None:
         if stream_ttl <= 0:
             raise ValueError("stream_ttl must be positive")
@@ -157,6 +161,7 @@ class RedisBroker(Broker):
         self.stream_ttl = stream_ttl
         self.stream_maxlen = stream_maxlen
         self.stream_idle_ttl = stream_idle_ttl
+        self.fair_credit = max(0.0, fair_credit)
         # A blocking command must answer before the socket timeout fires, so long waits are split into
         # several blocking calls of at most this length.
         self._max_block = max(0.05, socket_timeout - min(5.0, socket_timeout / 2))
@@ -184,6 +189,11 @@ class RedisBroker(Broker):
         self._delete_stream = self._client.register_script(_DELETE_STREAM)
         self._append_events = self._client.register_script(_APPEND_EVENTS)
         self._acquire_slot = self._client.register_script(_ACQUIRE_SLOT)
+        self._fair_push = self._client.register_script(fair_lua.PUSH)
+        self._fair_pop = self._client.register_script(fair_lua.POP)
+        self._fair_remove = self._client.register_script(fair_lua.REMOVE)
+        self._fair_charge = self._client.register_script(fair_lua.CHARGE)
+        self._fair_snapshot = self._client.register_script(fair_lua.SNAPSHOT)
         self._closed = False
         self._closed_future: asyncio.Future[None] | None = None
         self._blocking: set[asyncio.Task[Any]] = set()
@@ -248,35 +258,52 @@ class RedisBroker(Broker):
             yield min(remaining, self._max_block)
 
     # ------------------------------------------------------------ work queues
-    async def push_work(self, queue: str, message_id: str) -> None:
-        with _translated("RPUSH"):
-            await self._client.rpush(self.keys.queue(queue), message_id)
+    async def push_work(self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0) -> None:
+        with _translated("push work"):
+            await self._fair_push(
+                keys=[self.keys.queue(queue)],
+                args=[message_id, user, repr(float(cost)), repr(self.fair_credit)],
+            )
 
     async def pop_work(self, queue: str, timeout: float) -> str | None:
-        key = self.keys.queue(queue)
-        with _translated("BLPOP"):
-            if timeout <= 0 or self._closed:
-                popped = await self._client.lpop(key)
+        base = self.keys.queue(queue)
+        with _translated("pop work"):
+            popped = await self._fair_pop(keys=[base], args=["1"])
+            if popped is not None or timeout <= 0 or self._closed:
                 return None if popped is None else str(popped)
+            # Lua cannot block: wait for a wake token (one per pushed hint), then pop in fair order.
             for block in self._block_steps(timeout):
-                popped = await self._unless_closed(self._client.blpop([key], _ms(block) / 1000))
-                if popped is _CLOSED:
+                token = await self._unless_closed(self._client.blpop([base + "wake"], _ms(block) / 1000))
+                if token is _CLOSED:
                     return None
-                if popped:
-                    return str(popped[1])
+                popped = await self._fair_pop(keys=[base], args=["0" if token else "1"])
+                if popped is not None:
+                    return str(popped)
         return None
 
-    async def queue_length(self, queue: str) -> int:
-        with _translated("LLEN"):
-            return int(await self._client.llen(self.keys.queue(queue)))
+    async def charge(self, queue: str, user: str, amount: float) -> None:
+        with _translated("charge"):
+            await self._fair_charge(keys=[self.keys.queue(queue)], args=[user, repr(float(amount))])
 
-    async def queued_ids(self, queue: str) -> list[str]:
-        with _translated("LRANGE"):
-            return list(await self._client.lrange(self.keys.queue(queue), 0, -1))
+    async def queue_length(self, queue: str) -> int:
+        with _translated("GET len"):
+            return max(0, int(await self._client.get(self.keys.queue(queue) + "len") or 0))
+
+    async def queue_snapshot(self, queue: str) -> QueueSnapshot:
+        with _translated("queue snapshot"):
+            reply = await self._fair_snapshot(keys=[self.keys.queue(queue)])
+        counters: dict[str, float] = {}
+        waiting: dict[str, list[QueuedHint]] = {}
+        for user, counter, flat in reply[1:]:
+            counters[str(user)] = float(counter)
+            waiting[str(user)] = [
+                QueuedHint(str(flat[i]), str(user), float(flat[i + 1])) for i in range(0, len(flat), 2)
+            ]
+        return QueueSnapshot(float(reply[0]), counters, waiting)
 
     async def remove_work(self, queue: str, message_id: str) -> None:
-        with _translated("LREM"):
-            await self._client.lrem(self.keys.queue(queue), 0, message_id)
+        with _translated("remove work"):
+            await self._fair_remove(keys=[self.keys.queue(queue)], args=[message_id])
 
     # ------------------------------------------------------------ event streams
     async def append_event(self, stream: str, data: str, *, terminal: bool = False) -> str:

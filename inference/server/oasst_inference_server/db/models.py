@@ -32,6 +32,8 @@ class DbUser(SQLModel, table=True):
     # Access tokens carry the generation they were issued in; revoking a user's tokens increments
     # it, so tokens already issued stop working at once (not only refresh tokens).
     token_generation: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # A key of settings.user_tiers (its weight in the fair queues); None: settings.default_user_tier.
+    tier: str | None = Field(default=None, max_length=32)
 
 
 class DbChat(SQLModel, table=True):
@@ -93,6 +95,8 @@ class DbMessage(SQLModel, table=True):
     prompt_tokens: int | None = None
     # The owner's vote on an assistant message: -1, 0 or 1.
     score: int = 0
+    # Fair-queue accounting (a scheduling.Ticket as JSON): who is charged, the estimate, the weight.
+    scheduling: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
 
 
 # ---------------------------------------------------------------- auth, feedback and workers

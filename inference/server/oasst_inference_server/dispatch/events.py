@@ -33,8 +33,10 @@ def token_event(text: str, logprobs: list[dict[str, object]] | None = None) -> s
     return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
 
 
-def pending_event(queue_position: int, queue_size: int) -> str:
-    return PendingEvent(queue_position=queue_position, queue_size=queue_size).model_dump_json()
+def pending_event(queue_position: int, queue_size: int, estimated_wait_seconds: float | None = None) -> str:
+    return PendingEvent(
+        queue_position=queue_position, queue_size=queue_size, estimated_wait_seconds=estimated_wait_seconds
+    ).model_dump_json(exclude_none=True)
 
 
 def retry_event(attempt: int, reason: str) -> str:

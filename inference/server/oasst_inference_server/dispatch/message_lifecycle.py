@@ -9,6 +9,7 @@ finished message back.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection
 from datetime import datetime, timedelta
 
@@ -22,7 +23,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError
 from oasst_inference_server.db.models import DbMessage, utcnow
-from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch import events, fair_share
+from oasst_inference_server.dispatch.capacity import DEFAULT_TOKENS_PER_SECOND
 from oasst_inference_server.settings import Settings
 from oasst_shared.chat_template import cut_to_budget
 from oasst_shared.protocol import (
@@ -91,8 +93,26 @@ class MessageLifecycle:
         async with self._sessions() as session:
             return await session.get(DbMessage, message_id)
 
-    async def queue_position(self, message: DbMessage) -> tuple[int, int]:
-        """(1-based position, queue size) among pending messages of the same model, from the database."""
+    async def queue_position(self, message: DbMessage) -> tuple[int, int, float | None]:
+        """(1-based position, queue size, estimated wait in seconds or None) of a pending message.
+
+        The position is the message's place in the order the fair queue will dispatch (every replica
+        computes the same); if the broker does not hold it (Redis restarted, not re-queued yet), it
+        falls back to the database's order of arrival.
+        """
+        assert message.model_config_name is not None
+        queue = events.work_queue_name(message.model_config_name)
+        try:
+            order = await self._broker.queued_ids(queue)
+        except BrokerError:
+            order = []
+        if message.id in order:
+            position, size = order.index(message.id) + 1, len(order)
+        else:
+            position, size = await self._arrival_position(message)
+        return position, size, await self._estimated_wait(message, position)
+
+    async def _arrival_position(self, message: DbMessage) -> tuple[int, int]:
         pending = (DbMessage.state == MessageState.pending.value) & (
             DbMessage.model_config_name == message.model_config_name
         )
@@ -104,11 +124,84 @@ class MessageLifecycle:
             ).one()
         return int(ahead_count) + 1, int(size)
 
+    async def _estimated_wait(self, message: DbMessage, position: int) -> float | None:
+        """Seconds until a slot frees for the message: the jobs ahead of it that do not fit the free
+        slots, each as long as this one, at the measured throughput of the model's workers."""
+        try:
+            sessions = await self._broker.list_worker_sessions()
+        except BrokerError:
+            return None
+        workers = [json.loads(r.data) for r in sessions if r.model_config_name == message.model_config_name]
+        if not workers:
+            return None
+        free = sum(int(w.get("free_slots") or 0) for w in workers)
+        if position <= free:
+            return 0.0
+        throughput = sum(
+            int(w.get("max_parallel_requests") or 1)
+            * float(w.get("tokens_per_second") or DEFAULT_TOKENS_PER_SECOND)
+            for w in workers
+        )
+        ticket = fair_share.stored_ticket(message)
+        tokens = ticket.prompt_tokens + ticket.max_new_tokens if ticket else 256
+        return round((position - free) * tokens / max(throughput, 1e-6), 1)
+
     # ------------------------------------------------------------ enqueue and claim
     async def enqueue(self, message: DbMessage) -> None:
-        """Announce a message already committed as pending to the workers of its model."""
+        """Announce a message already committed as pending to the workers of its model.
+
+        The first time, its fair-queue ticket is computed and stored with it (from the options the
+        route left in ``message.scheduling``, see :func:`.fair_share.requested_options`); a retry or a
+        re-queue keeps that ticket.
+        """
         assert message.model_config_name is not None
-        await self._broker.push_work(events.work_queue_name(message.model_config_name), message.id)
+        ticket = fair_share.stored_ticket(message)
+        if ticket is None:
+            async with self._sessions() as session:
+                requested = fair_share.requested_options(message)
+                ticket = await fair_share.new_ticket(session, self._settings, message, requested)
+                await session.exec(
+                    update(DbMessage)
+                    .where(DbMessage.id == message.id)
+                    .values(scheduling=ticket.model_dump(mode="json"))
+                )
+                await session.commit()
+            message.scheduling = ticket.model_dump(mode="json")
+        await self._broker.push_work(
+            events.work_queue_name(message.model_config_name),
+            message.id,
+            user=ticket.user,
+            cost=ticket.estimated_cost(self._settings),
+        )
+
+    async def requeue(self, message_id: str) -> None:
+        """Put back a hint that was popped but not claimed: its user's counter gets the cost back."""
+        message = await self.get(message_id)
+        if message is None or message.state != MessageState.pending.value:
+            return
+        ticket = fair_share.stored_ticket(message)
+        if ticket is not None:
+            await self._charge(message, -ticket.estimated_cost(self._settings))
+        await self.enqueue(message)
+
+    async def _charge(self, message: DbMessage, amount: float | None = None) -> None:
+        """Correct the user's counter: by ``amount``, or by real tokens minus the estimate."""
+        if message.model_config_name is None:
+            return
+        if amount is None:
+            corrected = fair_share.correction(self._settings, message)
+            if corrected is None:
+                return
+            user, amount = corrected
+        else:
+            ticket = fair_share.stored_ticket(message)
+            if ticket is None:
+                return
+            user = ticket.user
+        try:
+            await self._broker.charge(events.work_queue_name(message.model_config_name), user, amount)
+        except BrokerError as exc:
+            logger.warning("fair-share correction of {} not applied: {}", message.id, exc)
 
     async def claim(
         self, message_id: str, session_id: str, *, max_input_tokens: int | None = None
@@ -275,6 +368,7 @@ class MessageLifecycle:
         if message is None:
             logger.warning("ignored a result for message {} from session {}", result.message_id, session_id)
             return False
+        await self._charge(message)
         await self._append_terminal(message.id, events.message_event(to_message_read(message)))
         logger.info(
             "message {} complete: {} tokens, {}", message.id, result.generated_tokens, result.finish_reason
@@ -348,6 +442,9 @@ class MessageLifecycle:
                     return
                 message = await session.get(DbMessage, message_id)
             assert message is not None
+            ticket = fair_share.stored_ticket(message)
+            if ticket is not None:  # it is charged again when dispatched again
+                await self._charge(message, -ticket.estimated_cost(self._settings))
             try:
                 await self._broker.append_event(
                     events.stream_name(message_id), events.retry_event(attempts + 1, reason)

@@ -8,7 +8,9 @@ It runs on one replica at a time (a broker lock) every ``recovery_interval`` sec
 2. re-queues pending messages that no work queue holds (Redis flushed or restarted, or a hint was
    lost in flight);
 3. fails pending messages that waited ``no_worker_timeout`` with no worker connected for their
-   model, so a reader gets an error naming the model instead of an endless pending.
+   model, so a reader gets an error naming the model instead of an endless pending;
+4. fails pending messages that waited longer than their queue timeout (``queue_timeout``, or the
+   shorter one the request asked for), with an error saying so.
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.db.models import DbMessage, utcnow
-from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch import events, fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
 from oasst_inference_server.settings import Settings
@@ -77,6 +80,7 @@ class RecoveryLoop:
         await self.expire_leases()
         await self.requeue_lost_work()
         await self.fail_unservable()
+        await self.fail_overdue()
 
     async def expire_leases(self) -> None:
         now = utcnow()
@@ -105,12 +109,12 @@ class RecoveryLoop:
                     )
             await self._lifecycle.release(message_id, session_id or "", reason)
 
-    async def _pending_longer_than(self, age: timedelta) -> list[tuple[str, str | None]]:
-        """(id, model) of the messages pending for longer than ``age``, oldest first."""
+    async def _pending_longer_than(self, age: timedelta) -> list[DbMessage]:
+        """The messages pending for longer than ``age``, oldest first."""
         cutoff = utcnow() - age
         async with self._sessions() as session:
             rows = await session.exec(
-                select(DbMessage.id, DbMessage.model_config_name)
+                select(DbMessage)
                 .where(DbMessage.state == MessageState.pending.value, DbMessage.enqueued_at < cutoff)
                 .order_by(DbMessage.enqueued_at)
             )
@@ -118,15 +122,16 @@ class RecoveryLoop:
 
     async def requeue_lost_work(self) -> None:
         pending = await self._pending_longer_than(timedelta(seconds=self._settings.requeue_grace))
-        by_model: dict[str, list[str]] = {}
-        for message_id, model in pending:
-            by_model.setdefault(model or "", []).append(message_id)
-        for model, message_ids in by_model.items():
+        by_model: dict[str, list[DbMessage]] = {}
+        for message in pending:
+            by_model.setdefault(message.model_config_name or "", []).append(message)
+        for model, messages in by_model.items():
             queue = events.work_queue_name(model)
             queued = set(await self._broker.queued_ids(queue))
-            missing = [m for m in message_ids if m not in queued]
-            for message_id in missing:
-                await self._broker.push_work(queue, message_id)
+            missing = [m for m in messages if m.id not in queued]
+            for message in missing:
+                # Pushed with its stored ticket: the rebuilt queue keeps each user's share and order.
+                await self._lifecycle.enqueue(message)
             if missing:
                 logger.warning(
                     "re-queued {} pending messages of {} missing from the queue", len(missing), model
@@ -142,7 +147,8 @@ class RecoveryLoop:
         # Sessions are republished with every pong: a model must stay absent for a few ping intervals
         # (not just after a Redis restart emptied the session records) before its messages fail.
         settle = 3 * self._settings.worker_ping_interval
-        for message_id, model in waiting:
+        for message in waiting:
+            message_id, model = message.id, message.model_config_name
             if model in live:
                 continue
             if now - self._absent_since.setdefault(model or "", now) < settle:
@@ -154,6 +160,25 @@ class RecoveryLoop:
             )
             if model:
                 await self._broker.remove_work(events.work_queue_name(model), message_id)
+
+    async def fail_overdue(self) -> None:
+        now = utcnow()
+        # Requests may only shorten the timeout, and never below a second: older than that is a superset.
+        waiting = await self._pending_longer_than(timedelta(seconds=min(1.0, self._settings.queue_timeout)))
+        for message in waiting:
+            ticket = fair_share.stored_ticket(message)
+            timeout = ticket.timeout(self._settings) if ticket else self._settings.queue_timeout
+            assert message.enqueued_at is not None
+            if (now - _aware(message.enqueued_at)).total_seconds() <= timeout:
+                continue
+            failed = await self._lifecycle.fail(
+                message.id,
+                f"no worker took the message within its queue timeout of {timeout:g}s",
+                state=MessageState.failed,
+            )
+            if failed and message.model_config_name:
+                metrics.QUEUE_TIMEOUTS.labels(message.model_config_name).inc()
+                await self._broker.remove_work(events.work_queue_name(message.model_config_name), message.id)
 
 
 def _aware(moment: datetime) -> datetime:

@@ -5,7 +5,7 @@ Five tasks run per connection and the first to end ends them all:
 * ``_receive``  - parses worker frames; a refused frame fails only the messages it names (a frame that
   names none closes the socket with 1008);
 * the relay     - writes the tokens ``_receive`` hands it to the broker in batches (:mod:`.token_relay`);
-* ``_dispatch`` - while the worker has a free slot, pops a hint from its model's queue and claims it;
+* ``_dispatch`` - claims and sends the jobs its model's dispatcher (:mod:`.dispatcher`) assigns it;
 * ``_ping``     - pings; a worker silent past ``worker_ping_timeout`` is disconnected;
 * ``_commands`` - forwards commands (cancel) that any replica published for this session.
 
@@ -33,6 +33,8 @@ from starlette.websockets import WebSocketDisconnect, WebSocketState
 from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSessionRecord
 from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch.capacity import WorkerCapacity
+from oasst_inference_server.dispatch.dispatcher import ModelDispatcher
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, UnsendableMessage
 from oasst_inference_server.dispatch.token_relay import TokenRelay
 from oasst_inference_server.dispatch.worker_frames import Salvaged, bounded_usage, parse_or_salvage, salvage
@@ -92,6 +94,7 @@ class WorkerConnection:
         settings: Settings,
         broker: Broker,
         lifecycle: MessageLifecycle,
+        dispatcher: ModelDispatcher,
         protocol_version: int = PROTOCOL_VERSION,
         worker_id: str | None = None,
     ):
@@ -107,7 +110,11 @@ class WorkerConnection:
         self.in_flight: set[str] = set()
         self.backend_healthy = True
         self.draining = False
-        self._capacity_changed = asyncio.Event()
+        # What the dispatcher ranks this worker by; ``in_flight`` there counts assigned jobs too.
+        self.capacity = WorkerCapacity(self.session_id, declared_slots=info.max_parallel_requests)
+        self._assigned: asyncio.Queue[str] = asyncio.Queue()
+        self._claiming = 0
+        self._dispatcher = dispatcher
         self._send_lock = asyncio.Lock()
         self._last_pong = time.monotonic()
         self.connected_at = time.time()
@@ -125,13 +132,24 @@ class WorkerConnection:
     # ------------------------------------------------------------ public
     @property
     def free_slots(self) -> int:
-        if self.draining or not self.backend_healthy:
-            return 0
-        return max(0, self.info.max_parallel_requests - len(self.in_flight))
+        return self.capacity.free_slots
+
+    def assign(self, message_id: str) -> None:
+        """Reserve a slot for ``message_id`` (the dispatcher chose this worker); ``_dispatch`` sends it."""
+        self.capacity.in_flight += 1
+        if self.capacity.reported_free_slots is not None:
+            self.capacity.reported_free_slots -= 1
+        self._assigned.put_nowait(message_id)
+
+    def _capacity_changed(self) -> None:
+        self.capacity.available = self.backend_healthy and not self.draining
+        self.capacity.in_flight = len(self.in_flight) + self._assigned.qsize() + self._claiming
+        self._dispatcher.capacity_changed()
 
     async def run(self) -> None:
         metrics.WORKERS_CONNECTED.labels(self.model_name).inc()
         await self._publish_session()
+        self._dispatcher.attach(self)
         logger.info(
             "worker {} connected: model {}, {} slots, backend {}",
             self.session_id,
@@ -279,33 +297,23 @@ class WorkerConnection:
         elif isinstance(frame, Drain):
             logger.info("worker {} is draining ({} in flight)", self.session_id, len(self.in_flight))
             self.draining = True
-            self._capacity_changed.set()
+            self._capacity_changed()
             await self._publish_session()
         elif isinstance(frame, WorkerInfo):
             raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, "worker_info may only be the first frame")
 
     async def _dispatch(self) -> None:
-        queue = events.work_queue_name(self.model_name)
         while True:
-            while self.free_slots <= 0:
-                self._capacity_changed.clear()
-                await self._capacity_changed.wait()
-            try:
-                message_id = await self._broker.pop_work(queue, timeout=1.0)
-            except BrokerError as exc:
-                # Redis is down or restarting: keep the worker, try again; the recovery loop
-                # re-queues whatever the outage lost.
-                logger.warning("worker {}: cannot read the work queue: {}", self.session_id, exc)
-                await asyncio.sleep(1.0)
-                continue
-            if message_id is None:
-                continue
+            message_id = await self._assigned.get()
+            self._claiming += 1
             try:
                 work = await self._lifecycle.claim(
                     message_id, self.session_id, max_input_tokens=self.info.model_config_.max_input_length
                 )
             except UnsendableMessage as exc:
                 # The message itself is at fault: it fails alone; the worker never sees it.
+                self._claiming -= 1
+                self._capacity_changed()
                 metrics.ERRORS.labels("unsendable").inc()
                 error = str(exc)
                 await self._durably(
@@ -313,21 +321,29 @@ class WorkerConnection:
                 )
                 continue
             except asyncio.CancelledError:
+                self._claiming -= 1
+                # The job was taken from the queue but not acted on: put it back.
                 with contextlib.suppress(Exception):
-                    await self._broker.push_work(queue, message_id)  # put the hint back
+                    await self._lifecycle.requeue(message_id)
+                self._capacity_changed()
                 raise
             except Exception as exc:
-                # The database is down (or another hiccup): put the hint back, keep the worker, retry.
+                # The database is down (or another hiccup): put the job back, keep the worker, retry.
+                self._claiming -= 1
                 logger.warning(
                     "worker {}: cannot claim {}: {}: {}", self.session_id, message_id, type(exc).__name__, exc
                 )
                 with contextlib.suppress(Exception):
-                    await self._broker.push_work(queue, message_id)
+                    await self._lifecycle.requeue(message_id)
+                self._capacity_changed()
                 await asyncio.sleep(1.0)
                 continue
+            self._claiming -= 1
             if work is None:
+                self._capacity_changed()
                 continue  # stale hint: the message was taken, cancelled or finished meanwhile
             self.in_flight.add(message_id)
+            self._capacity_changed()
             if isinstance(work, Work):
                 self._work[message_id] = work
             self._dispatched_at[message_id] = time.monotonic()
@@ -399,7 +415,12 @@ class WorkerConnection:
         self.backend_healthy = pong.backend_healthy
         if self.backend_healthy != was_healthy:
             logger.info("worker {} backend healthy: {}", self.session_id, self.backend_healthy)
-            self._capacity_changed.set()
+        # What the worker sees beats our count: it may run fewer slots than declared, or share its
+        # backend with other clients. Jobs assigned since it sent this pong are not in it yet.
+        self.capacity.reported_free_slots = pong.free_slots - self._assigned.qsize() - self._claiming
+        self.capacity.kv_cache_free_tokens = pong.kv_cache_free_tokens
+        self.capacity.backend_queue_length = pong.backend_queue_length
+        self._capacity_changed()
         if self.in_flight:
             try:
                 cancels = await self._lifecycle.extend_leases(self.session_id, sorted(self.in_flight))
@@ -429,7 +450,7 @@ class WorkerConnection:
             # The backend had no room or was down: stop sending this worker work until a pong says
             # its backend is healthy again, and hand the message back without spending its attempt.
             self.backend_healthy = False
-            self._capacity_changed.set()
+            self._capacity_changed()
         await self._durably(
             lambda: self._lifecycle.release(
                 message_id,
@@ -450,7 +471,9 @@ class WorkerConnection:
         self._first_token_at.pop(message_id, None)
         self._work.pop(message_id, None)
         self._streamed_bytes.pop(message_id, None)
-        self._capacity_changed.set()
+        if self.capacity.reported_free_slots is not None:
+            self.capacity.reported_free_slots += 1
+        self._capacity_changed()
 
     def _count_token(self, message_id: str) -> None:
         self._tokens_relayed.inc()
@@ -467,6 +490,7 @@ class WorkerConnection:
             elapsed = time.monotonic() - first
             if elapsed > 0:
                 metrics.TOKENS_PER_SECOND.labels(self.model_name).observe((generated_tokens - 1) / elapsed)
+                self.capacity.observe_speed((generated_tokens - 1) / elapsed)
 
     async def _durably(self, step: Callable[[], Awaitable[T]], what: str) -> T | None:
         """Run a storage step, waiting out an outage of the database or broker (retrying with backoff
@@ -509,6 +533,9 @@ class WorkerConnection:
             "worker_version": self.info.worker_version,
             "capabilities": self.info.capabilities.model_dump(mode="json"),
             "connected_at": self.connected_at,
+            "kv_cache_free_tokens": self.capacity.kv_cache_free_tokens,
+            "backend_queue_length": self.capacity.backend_queue_length,
+            "tokens_per_second": self.capacity.tokens_per_second,
             "worker_id": self.worker_id,
         }
         record = WorkerSessionRecord(self.session_id, self.model_name, json.dumps(data))
@@ -518,6 +545,11 @@ class WorkerConnection:
             logger.warning("worker {}: session not published: {}", self.session_id, exc)
 
     async def _cleanup(self, close: _ConnectionClosed | None) -> None:
+        with contextlib.suppress(Exception):
+            await self._dispatcher.detach(self)
+        while not self._assigned.empty():  # assigned but never claimed: back to the queue
+            with contextlib.suppress(Exception):
+                await self._lifecycle.requeue(self._assigned.get_nowait())
         reason = close.reason if close else "connection ended"
         metrics.WORKERS_CONNECTED.labels(self.model_name).dec()
         for message_id in list(self.in_flight):

@@ -37,6 +37,7 @@ from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.chats.chat_store import title_from_prompt
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
+from oasst_inference_server.dispatch import fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.errors import ApiError
@@ -176,6 +177,7 @@ class OpenAIService:
             system_prompt=system_prompt,
             request_payload=payload,
             enqueued_at=utcnow(),
+            scheduling=caller.scheduling.model_dump(mode="json"),  # _enqueue turns it into a ticket
         )
 
     @staticmethod
@@ -209,6 +211,9 @@ class OpenAIService:
         """Commit and queue the message; with ``store_api_conversations``, ``thread`` as its chat."""
         if thread is not None and self.settings.store_api_conversations:
             self._store_as_chat(session, message, thread)
+        requested = fair_share.requested_options(message)
+        ticket = await fair_share.new_ticket(session, self.settings, message, requested)
+        message.scheduling = ticket.model_dump(mode="json")
         session.add(message)
         await session.commit()
         try:

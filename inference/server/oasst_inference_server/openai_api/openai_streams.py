@@ -2,7 +2,8 @@
 
 Translation of the message events:
 
-* ``pending``  -> an SSE comment (keeps proxies and clients from timing out while queued);
+* ``pending``  -> an SSE comment with the queue position and estimated wait (keeps proxies and clients
+  from timing out while queued);
 * ``token``    -> a chunk with the text (and its tokens' logprobs, when asked for);
 * ``retry``    -> nothing while no text was sent; after text was sent it cannot be taken back, so the
   stream ends with an error chunk (and the regeneration is cancelled);
@@ -51,7 +52,14 @@ from oasst_shared.schemas import MessageRead
 from oasst_shared.tool_calls import ToolCall
 
 DONE = "data: [DONE]\n\n"
-_PENDING_COMMENT = ": pending\n\n"
+
+
+def pending_comment(event: dict[str, Any]) -> str:
+    text = f": pending, queue position {event.get('queue_position')} of {event.get('queue_size')}"
+    wait = event.get("estimated_wait_seconds")
+    if wait is not None:
+        text += f", estimated wait {wait:.0f}s"
+    return text + "\n\n"
 
 
 def sse(payload: dict[str, Any]) -> str:
@@ -209,7 +217,7 @@ async def stream_answer(
                         sent_text = True
                         out.append(chunks.text(event["text"], event.get("logprobs")))
                     elif kind == "pending":
-                        out.append(_PENDING_COMMENT)
+                        out.append(pending_comment(event))
                     elif kind in ("message", "error") or (kind == "retry" and sent_text):
                         # A retry after text was sent is not finished: settle() cancels the
                         # regeneration nobody would read.
@@ -264,7 +272,7 @@ async def stream_choices(
                     sent_text[index] = True
                     out.append(chunks[index].text(event["text"], event.get("logprobs")))
                 elif kind == "pending":
-                    out.append(_PENDING_COMMENT)
+                    out.append(pending_comment(event))
                 elif kind == "message":
                     finished[index] = True
                     finals.append(MessageRead.model_validate(event["message"]))

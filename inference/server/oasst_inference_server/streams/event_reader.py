@@ -31,8 +31,8 @@ async def read_message_events(
 
     A batch is what one broker read returned (never empty), so a reader that fell behind catches up
     in one write to its client rather than one per token. Stored events come from the broker stream
-    after ``after``; while the message waits, a ``pending`` event with its queue position (counted in
-    the database) is added every ``pending_update_interval``; it ends after exactly one terminal
+    after ``after``; while the message waits, a ``pending`` event with its queue position (its place in
+    the fair queue's dispatch order) and estimated wait is added every ``pending_update_interval``; it ends after exactly one terminal
     event, rebuilt from the database when the stream has expired.
     """
     stream = events.stream_name(message_id)
@@ -40,8 +40,7 @@ async def read_message_events(
     if message is None:
         return
     if message.state == MessageState.pending.value and after is None:
-        position, size = await lifecycle.queue_position(message)
-        yield [{"data": events.pending_event(position, size)}]
+        yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
     if after is not None and (gap := await _gap_event(broker, stream, after)) is not None:
         yield [{"data": gap}]
     while True:
@@ -80,8 +79,7 @@ async def read_message_events(
             yield [{"data": lifecycle.final_event(message)}]
             return
         if state == MessageState.pending:
-            position, size = await lifecycle.queue_position(message)
-            yield [{"data": events.pending_event(position, size)}]
+            yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
 
 
 async def _gap_event(broker: Broker, stream: str, after: str) -> str | None:

@@ -23,6 +23,8 @@ ADMIN_ROUTES = [
     ("GET", "/admin/users/{id}", None),
     ("POST", "/admin/users/{id}/revoke_tokens", None),
     ("DELETE", "/admin/users/{id}", None),
+    ("PUT", "/admin/users/{id}/tier", {"tier": "priority"}),
+    ("GET", "/admin/queues", None),
 ]
 
 

@@ -74,7 +74,12 @@ async def test_every_key_is_under_the_prefix(
         await client.aclose()
     prefix = broker.keys.prefix
     assert keys == {
-        f"{prefix}queue:q",
+        f"{prefix}queue:q:users",
+        f"{prefix}queue:q:counters",
+        f"{prefix}queue:q:u:",
+        f"{prefix}queue:q:meta",
+        f"{prefix}queue:q:len",
+        f"{prefix}queue:q:wake",
         f"{prefix}stream:s",
         f"{prefix}session:w",
         f"{prefix}sessions",

@@ -1,16 +1,66 @@
 """Whether the backend can take work: waited for before the first connection, then polled. While it is
-unhealthy the worker reports no free slots, so the server sends it nothing."""
+unhealthy the worker reports no free slots, so the server sends it nothing.
+
+Each poll also reads what the backend says of its capacity on its Prometheus ``/metrics``, where it
+has one: requests waiting inside the backend and free KV-cache tokens. The worker reports them in its
+pongs and the server's dispatcher uses them (TGI: ``tgi_queue_size``; vLLM: ``vllm:num_requests_waiting``
+and the free share of ``vllm:cache_config_info``'s blocks; the bundled CPU backend: its own gauges).
+A backend without the endpoint is asked once, then no more."""
 
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass
 
+import httpx
 from loguru import logger
+from prometheus_client.parser import text_string_to_metric_families
 
 from oasst_worker import metrics
 from oasst_worker.backends.protocols import BackendBase
 from oasst_worker.backends.records import BackendError
 from oasst_worker.connection.errors import FatalWorkerError
+
+_QUEUE_METRICS = (
+    "tgi_queue_size",
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "oasst_cpu_backend_queue_size",
+)
+_KV_FREE_METRICS = ("oasst_cpu_backend_kv_cache_free_tokens",)
+_VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+
+
+@dataclass(frozen=True)
+class BackendCapacity:
+    queue_length: int | None = None
+    kv_cache_free_tokens: int | None = None
+
+
+def parse_capacity(text: str) -> BackendCapacity:
+    """The backend's queue length and free KV-cache tokens from Prometheus text (None where absent)."""
+    values: dict[str, float] = {}
+    labels: dict[str, dict[str, str]] = {}
+    try:
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                values.setdefault(sample.name, 0.0)
+                values[sample.name] += sample.value  # summed over labels (e.g. vLLM's model_name)
+                labels.setdefault(sample.name, dict(sample.labels))
+    except ValueError:
+        return BackendCapacity()
+    queue = next((int(values[name]) for name in _QUEUE_METRICS if name in values), None)
+    kv_free = next((int(values[name]) for name in _KV_FREE_METRICS if name in values), None)
+    if kv_free is None:
+        usage = next((values[name] for name in _VLLM_KV_USAGE if name in values), None)
+        config = labels.get("vllm:cache_config_info", {})
+        try:
+            total = int(config["num_gpu_blocks"]) * int(config["block_size"])
+        except (KeyError, ValueError):
+            total = None
+        if usage is not None and total is not None:
+            kv_free = max(0, int(total * (1.0 - min(1.0, max(0.0, usage)))))
+    return BackendCapacity(queue, kv_free)
 
 
 class BackendHealth:
@@ -19,6 +69,8 @@ class BackendHealth:
         self._interval = interval
         self._backend_url = backend_url
         self.healthy = False
+        self.capacity = BackendCapacity()
+        self._metrics_url: str | None = backend_url.rstrip("/") + "/metrics"
 
     async def wait_until_ready(self, stopped: asyncio.Event) -> None:
         """Until the backend answers its health check, or ``stopped`` is set."""
@@ -40,6 +92,24 @@ class BackendHealth:
             if healthy != self.healthy:
                 logger.warning("backend is {}", "healthy again" if healthy else "unhealthy: taking no work")
             self._set(healthy)
+            await self._read_capacity()
+
+    async def _read_capacity(self) -> None:
+        if self._metrics_url is None:
+            return
+        try:
+            async with httpx.AsyncClient(timeout=2.0) as client:
+                response = await client.get(self._metrics_url)
+        except httpx.HTTPError:
+            self.capacity = BackendCapacity()
+            return
+        if response.status_code != 200:
+            if response.status_code in (404, 405):
+                logger.info("the backend has no /metrics: reporting no queue or KV-cache figures")
+                self._metrics_url = None
+            self.capacity = BackendCapacity()
+            return
+        self.capacity = parse_capacity(response.text)
 
     def mark_unavailable(self) -> None:
         """The backend refused a job: unhealthy until the next health check says otherwise."""

@@ -132,8 +132,15 @@ class WorkerClient:
             logger.error("ignoring a malformed frame from the server: {}", exc)
             return
         if isinstance(frame, Ping):
+            capacity = self._health.capacity
             await self._send(
-                Pong(ping_id=frame.ping_id, free_slots=self.free_slots, backend_healthy=self._health.healthy)
+                Pong(
+                    ping_id=frame.ping_id,
+                    free_slots=self.free_slots,
+                    backend_healthy=self._health.healthy,
+                    backend_queue_length=capacity.queue_length,
+                    kv_cache_free_tokens=capacity.kv_cache_free_tokens,
+                )
             )
         elif isinstance(frame, (Work, EmbedWork)):
             self._start_job(frame)

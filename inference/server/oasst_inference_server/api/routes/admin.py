@@ -19,13 +19,16 @@ from oasst_inference_server.auth.worker_keys import live_sessions_of, new_worker
 from oasst_inference_server.chats.accounts import delete_account
 from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerEvent
 from oasst_inference_server.dispatch.events import worker_command_channel
+from oasst_inference_server.dispatch.queue_status import queue_status
 from oasst_inference_server.dispatch.worker_connection import DISCONNECT_COMMAND
 from oasst_inference_server.domain_errors import not_found
 from oasst_inference_server.errors import ApiError
 from oasst_shared.schemas import (
     AdminUserRead,
     CreateWorkerRequest,
+    QueueStatus,
     RevokedTokensResponse,
+    UserTierUpdate,
     WorkerCreated,
     WorkerLimits,
     WorkerRead,
@@ -241,4 +244,35 @@ async def get_user(user_id: str, session: SessionDep) -> AdminUserRead:
         created_at=user.created_at,
         deleted=user.deleted,
         chat_count=int(chats),
+        tier=user.tier,
     )
+
+
+@router.put(
+    "/users/{user_id}/tier", response_model=AdminUserRead, responses={**_USER, 422: error("Unknown tier")}
+)
+async def set_user_tier(
+    user_id: str, body: UserTierUpdate, session: SessionDep, settings: SettingsDep
+) -> AdminUserRead:
+    """Set the user's tier (a key of ``settings.user_tiers``; null for the default): its weight in the
+    fair queues, for the messages the user queues from now on."""
+    user = await session.get(DbUser, user_id)
+    if user is None:
+        raise not_found("user")
+    if body.tier is not None and body.tier not in settings.user_tiers:
+        raise ApiError(
+            422,
+            "unknown_tier",
+            f"unknown tier {body.tier!r}; tiers: {', '.join(sorted(settings.user_tiers))}",
+        )
+    user.tier = body.tier
+    session.add(user)
+    await session.commit()
+    return await get_user(user_id, session)
+
+
+@router.get("/queues", response_model=QueueStatus)
+async def queues(request: Request, broker: BrokerDep) -> QueueStatus:
+    """Per model: depth and oldest wait, each waiting user's backlog and counter, each worker's load,
+    and the tokens served per user in the last window."""
+    return await queue_status(request.app.state.session_factory, broker)

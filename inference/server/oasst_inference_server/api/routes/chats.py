@@ -17,7 +17,14 @@ from oasst_inference_server.admission.limits import (
 )
 from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.admission.request_bounds import check_chat_count, check_system_prompt
-from oasst_inference_server.api.deps import BrokerDep, CurrentUser, RegistryDep, SessionDep, SettingsDep
+from oasst_inference_server.api.deps import (
+    BrokerDep,
+    CurrentUser,
+    RegistryDep,
+    SchedulingDep,
+    SessionDep,
+    SettingsDep,
+)
 from oasst_inference_server.broker import is_stream_id
 from oasst_inference_server.chats.chat_store import (
     chat_read,
@@ -29,6 +36,7 @@ from oasst_inference_server.chats.chat_store import (
     to_chat_list_read,
 )
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
+from oasst_inference_server.dispatch import fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, to_message_read
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.streams.event_reader import read_message_events
@@ -180,6 +188,7 @@ async def create_assistant_message(
     user: CurrentUser,
     session: SessionDep,
     registry: RegistryDep,
+    scheduling: SchedulingDep,
 ) -> MessageRead:
     """Queue an answer to a prompter message; stream it from ``.../messages/{id}/events``."""
     chat = await get_own_chat(session, user, chat_id)
@@ -216,6 +225,9 @@ async def create_assistant_message(
         system_prompt=body.system_prompt,
         enqueued_at=now,
     )
+    settings = request.app.state.settings
+    ticket = await fair_share.new_ticket(session, settings, message, scheduling, user=user)
+    message.scheduling = ticket.model_dump(mode="json")
     session.add(message)
     chat.modified_at = now
     chat.active_thread_tail_message_id = message.id

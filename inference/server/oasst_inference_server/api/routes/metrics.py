@@ -13,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from oasst_inference_server import metrics
 from oasst_inference_server.api.deps import SettingsDep
 from oasst_inference_server.api.responses import error
+from oasst_inference_server.dispatch.queue_status import queue_status
 from oasst_inference_server.errors import ApiError
 
 _metrics_bearer = HTTPBearer(auto_error=False, scheme_name="MetricsToken")
@@ -40,6 +41,8 @@ router = APIRouter(tags=["health"])
     responses={401: error("OASST_SERVER_METRICS_TOKEN is set and the request does not carry it")},
 )
 async def prometheus_metrics(request: Request) -> Response:
-    """Prometheus metrics: workers, queue depth and age, in-flight, latency and speed histograms."""
-    body, content_type = await metrics.render(request.app.state.session_factory)
+    """Prometheus metrics: workers, queue depth and age, per-user backlog and service, in-flight per
+    worker, latency and speed histograms."""
+    status = await queue_status(request.app.state.session_factory, request.app.state.broker)
+    body, content_type = metrics.render(status)
     return Response(body, media_type=content_type)

@@ -112,6 +112,7 @@ async def worker_work(websocket: WebSocket) -> None:
         lifecycle=state.lifecycle,
         protocol_version=version,
         worker_id=registered.id if registered else None,
+        dispatcher=state.dispatchers.for_model(info.model_config_.name),
     )
     record = functools.partial(
         record_worker_event,

@@ -1,0 +1,92 @@
+"""Which worker gets a job: the one that will start and finish it soonest (pure functions).
+
+A worker's capacity combines what it declared (``max_parallel_requests``), what the server holds on it
+(in flight), what it last reported in a pong (free slots, free KV-cache tokens, backend queue length),
+and the decode speed the server measured on it. :func:`choose_worker` is the whole dispatch rule; the
+dispatcher (:mod:`.dispatcher`) applies it to a replica's workers, and the capacity test and the
+scheduling benchmark apply it in simulation, so they check the rule the server runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+# The speed assumed for a worker before its first job finished: the median of the known ones, or this.
+DEFAULT_TOKENS_PER_SECOND = 20.0
+# How fast the measured speed follows new observations (exponential moving average).
+SPEED_SMOOTHING = 0.3
+
+
+@dataclass
+class WorkerCapacity:
+    session_id: str
+    declared_slots: int
+    in_flight: int = 0
+    # From the worker's pongs (None where the backend does not tell); the reported free slots are
+    # decremented by each dispatch since that pong, so a stale pong never over-commits the worker.
+    reported_free_slots: int | None = None
+    kv_cache_free_tokens: int | None = None
+    backend_queue_length: int | None = None
+    tokens_per_second: float | None = None  # per request, measured by the server
+    available: bool = True  # healthy and not draining
+
+    @property
+    def free_slots(self) -> int:
+        if not self.available:
+            return 0
+        free = self.declared_slots - self.in_flight
+        if self.reported_free_slots is not None:
+            free = min(free, self.reported_free_slots)
+        return max(0, free)
+
+    def fits(self, tokens: int) -> bool:
+        """Whether a job of ``tokens`` (prompt plus new tokens) fits the free KV cache, where known."""
+        return self.kv_cache_free_tokens is None or tokens <= self.kv_cache_free_tokens
+
+    def observe_speed(self, tokens_per_second: float) -> None:
+        if tokens_per_second <= 0:
+            return
+        if self.tokens_per_second is None:
+            self.tokens_per_second = tokens_per_second
+        else:
+            self.tokens_per_second += SPEED_SMOOTHING * (tokens_per_second - self.tokens_per_second)
+
+
+def speed(worker: WorkerCapacity, default: float) -> float:
+    return worker.tokens_per_second or default
+
+
+def default_speed(workers: Iterable[WorkerCapacity]) -> float:
+    known = sorted(w.tokens_per_second for w in workers if w.tokens_per_second)
+    return known[len(known) // 2] if known else DEFAULT_TOKENS_PER_SECOND
+
+
+def finish_estimate(worker: WorkerCapacity, tokens: int, default: float) -> float:
+    """Seconds until ``worker`` would finish a job of ``tokens`` started now (it must have a free slot).
+
+    A backend that queues requests internally starts this one after the ones it already holds.
+    """
+    per_job = tokens / speed(worker, default)
+    queued = worker.backend_queue_length or 0
+    slots = max(1, worker.declared_slots)
+    return per_job * (1 + queued / slots)
+
+
+def choose_worker(workers: Iterable[WorkerCapacity], tokens: int) -> WorkerCapacity | None:
+    """The worker with a free slot and room in its KV cache that finishes ``tokens`` soonest.
+
+    Ties go to the worker with more free slots, then to the lower session id (deterministic).
+    None when no worker can take the job now: it waits (it is never sent over a worker's capacity).
+    """
+    candidates = list(workers)
+    default = default_speed(candidates)
+    best: tuple[float, int, str] | None = None
+    chosen: WorkerCapacity | None = None
+    for worker in candidates:
+        if worker.free_slots <= 0 or not worker.fits(tokens):
+            continue
+        key = (finish_estimate(worker, tokens, default), -worker.free_slots, worker.session_id)
+        if best is None or key < best:
+            best, chosen = key, worker
+    return chosen

@@ -1,0 +1,131 @@
+"""What a message costs its user in the fair queues, and who that user is.
+
+A message gets a :class:`Ticket` when it is first queued (stored on the message, so a retry or the
+recovery loop re-queues it at the same price): the user charged, the estimated tokens (prompt estimate
+plus ``max_new_tokens``, each kind weighted by the settings) and the weight (the user's tier, doubled
+per step of a trusted client's priority). The broker adds ``estimate / weight`` to the user's counter on
+dispatch; when the worker reports the real counts the difference is charged (:func:`correction`).
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+from sqlalchemy import func
+from sqlmodel import select
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.db.models import DbChat, DbMessage, DbUser
+from oasst_inference_server.settings import Settings
+from oasst_shared.schemas import SchedulingRequest
+
+# Characters per token of the prompt estimate: the queue orders by it before any tokenizer saw the text.
+CHARS_PER_TOKEN = 4
+
+
+class Ticket(BaseModel):
+    user: str = Field(max_length=64)
+    prompt_tokens: int = Field(ge=0)
+    max_new_tokens: int = Field(ge=0)
+    weight: float = Field(gt=0)
+    priority: int = 0
+    queue_timeout: float | None = None  # the request's own, if shorter than the setting
+
+    def timeout(self, settings: Settings) -> float:
+        return min(settings.queue_timeout, self.queue_timeout or settings.queue_timeout)
+
+    def tokens(self, settings: Settings, prompt_tokens: int, generated_tokens: int) -> float:
+        return (
+            prompt_tokens * settings.fair_queue_prompt_token_weight
+            + generated_tokens * settings.fair_queue_generated_token_weight
+        )
+
+    def estimated_cost(self, settings: Settings) -> float:
+        return self.tokens(settings, self.prompt_tokens, self.max_new_tokens) / self.weight
+
+    def actual_cost(self, settings: Settings, prompt_tokens: int, generated_tokens: int) -> float:
+        return self.tokens(settings, prompt_tokens, generated_tokens) / self.weight
+
+
+def tier_weight(settings: Settings, tier: str | None) -> float:
+    return settings.user_tiers.get(
+        tier or settings.default_user_tier, settings.user_tiers[settings.default_user_tier]
+    )
+
+
+async def new_ticket(
+    session: AsyncSession,
+    settings: Settings,
+    message: DbMessage,
+    requested: SchedulingRequest | None = None,
+    *,
+    user: DbUser | None = None,
+) -> Ticket:
+    """The message's ticket. Routes pass the ``user`` they have (two queries fewer) and call this in the
+    transaction that inserts the message, so queuing it costs no extra round trip."""
+    requested = requested or SchedulingRequest()
+    if user is not None:
+        user_id: str | None = user.id
+        tier = user.tier
+    else:
+        user_id = message.user_id
+        if user_id is None and message.chat_id is not None:
+            user_id = (await session.exec(select(DbChat.user_id).where(DbChat.id == message.chat_id))).first()
+        tier = None
+        if user_id is not None:
+            tier = (await session.exec(select(DbUser.tier).where(DbUser.id == user_id))).first()
+    if message.kind == "chat" and message.chat_id is not None:
+        chars = (
+            await session.exec(
+                select(func.coalesce(func.sum(func.length(DbMessage.content)), 0)).where(
+                    DbMessage.chat_id == message.chat_id
+                )
+            )
+        ).one()
+        chars = int(chars) + len(message.system_prompt or "")
+    else:
+        payload = message.request_payload or {}
+        chars = sum(len(str(payload.get(key) or "")) for key in ("thread", "raw_prompt", "inputs"))
+    max_new = (
+        0
+        if message.kind == "embedding"
+        else int((message.sampling_parameters or {}).get("max_new_tokens", 0))
+    )
+    bound = settings.max_request_priority
+    priority = max(-bound, min(bound, requested.priority))
+    return Ticket(
+        # One user for everyone turns the fair queue into one first-come-first-served list.
+        user=(user_id or "") if settings.fair_queuing else "",
+        prompt_tokens=chars // CHARS_PER_TOKEN,
+        max_new_tokens=max_new,
+        weight=tier_weight(settings, tier) * 2.0**priority,
+        priority=priority,
+        queue_timeout=requested.queue_timeout,
+    )
+
+
+def requested_options(message: DbMessage) -> SchedulingRequest:
+    """The options a route stored on a message not queued yet (``scheduling`` without a ticket)."""
+    try:
+        return SchedulingRequest.model_validate(message.scheduling or {})
+    except ValueError:
+        return SchedulingRequest()
+
+
+def stored_ticket(message: DbMessage) -> Ticket | None:
+    if not message.scheduling or "user" not in message.scheduling:
+        return None
+    try:
+        return Ticket.model_validate(message.scheduling)
+    except ValueError:
+        return None
+
+
+def correction(settings: Settings, message: DbMessage) -> tuple[str, float] | None:
+    """(user, amount) to charge once a message finished with real token counts; None if unknown."""
+    ticket = stored_ticket(message)
+    if ticket is None or message.generated_tokens is None:
+        return None
+    actual = ticket.actual_cost(
+        settings, message.prompt_tokens or ticket.prompt_tokens, message.generated_tokens
+    )
+    return ticket.user, actual - ticket.estimated_cost(settings)

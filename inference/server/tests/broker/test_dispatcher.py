@@ -1,0 +1,109 @@
+"""The per-model dispatcher against each real broker: jobs stay within their model, a model without
+workers (or with a full queue) does not hold up another, a worker is never given more than its room,
+and a job too long for every free KV cache waits in the queue."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+from oasst_inference_server.broker import Broker
+from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch.capacity import WorkerCapacity
+from oasst_inference_server.dispatch.dispatcher import ModelDispatcher
+
+BrokerFactory = Callable[..., Awaitable[Broker]]
+
+
+@dataclass
+class StubConnection:
+    """Stands in for a WorkerConnection: records what it is assigned and holds it (never finishes)."""
+
+    session_id: str
+    capacity: WorkerCapacity
+    assigned: list[str] = field(default_factory=list)
+
+    def assign(self, message_id: str) -> None:
+        assert self.capacity.free_slots > 0, "assigned over capacity"
+        self.capacity.in_flight += 1
+        self.assigned.append(message_id)
+
+
+@dataclass
+class StubMessage:
+    id: str
+    state: str = "pending"
+    scheduling: dict[str, object] | None = None
+
+
+@dataclass
+class StubLifecycle:
+    """The two lifecycle calls a dispatcher makes: read a message, put a popped hint back."""
+
+    broker: Broker
+    queue: str
+    sizes: dict[str, int] = field(default_factory=dict)
+    requeued: list[str] = field(default_factory=list)
+
+    async def get(self, message_id: str) -> StubMessage:
+        tokens = self.sizes.get(message_id, 10)
+        ticket = {"user": "", "prompt_tokens": tokens, "max_new_tokens": 0, "weight": 1.0}
+        return StubMessage(message_id, scheduling=ticket)
+
+    async def requeue(self, message_id: str) -> None:
+        self.requeued.append(message_id)
+        await self.broker.push_work(self.queue, message_id)
+
+
+async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not condition():
+            await asyncio.sleep(0.01)
+
+
+async def test_models_never_cross_and_an_idle_model_does_not_delay_another(broker: Broker) -> None:
+    busy, idle = events.work_queue_name("model-x"), events.work_queue_name("model-y")
+    for i in range(150):  # model-y has no worker: its backlog must not matter to model-x
+        await broker.push_work(idle, f"y{i}", user=f"u{i % 3}")
+    x_lifecycle = StubLifecycle(broker, busy)
+    dispatcher = ModelDispatcher("model-x", broker, x_lifecycle)  # type: ignore[arg-type]
+    workers = [StubConnection(f"x{i}", WorkerCapacity(f"x{i}", declared_slots=3)) for i in range(2)]
+    for worker in workers:
+        dispatcher.attach(worker)  # type: ignore[arg-type]
+    try:
+        for i in range(6):
+            await broker.push_work(busy, f"x{i}", user="u0")
+        await _until(lambda: sum(len(w.assigned) for w in workers) == 6)
+        assigned = sorted(m for w in workers for m in w.assigned)
+        assert assigned == sorted(f"x{i}" for i in range(6))
+        assert all(len(w.assigned) == 3 for w in workers)  # each got its declared room, no more
+        await broker.push_work(busy, "x-extra", user="u0")
+        await asyncio.sleep(0.3)
+        assert "x-extra" not in [m for w in workers for m in w.assigned]  # full: it waits
+        assert await broker.queued_ids(busy) == ["x-extra"]
+        assert await broker.queue_length(idle) == 150
+    finally:
+        for worker in workers:
+            await dispatcher.detach(worker)  # type: ignore[arg-type]
+
+
+async def test_a_job_too_long_for_every_kv_cache_waits(broker: Broker) -> None:
+    queue = events.work_queue_name("model-kv")
+    lifecycle = StubLifecycle(broker, queue, sizes={"long": 5000, "short": 100})
+    dispatcher = ModelDispatcher("model-kv", broker, lifecycle)  # type: ignore[arg-type]
+    small = StubConnection("small", WorkerCapacity("small", declared_slots=2, kv_cache_free_tokens=1000))
+    big = StubConnection("big", WorkerCapacity("big", declared_slots=1, kv_cache_free_tokens=8000))
+    dispatcher.attach(small)  # type: ignore[arg-type]
+    try:
+        await broker.push_work(queue, "long", user="a")
+        await _until(lambda: "long" in lifecycle.requeued)
+        assert small.assigned == []
+        await broker.push_work(queue, "short", user="b")
+        await _until(lambda: small.assigned == ["short"])
+        dispatcher.attach(big)  # type: ignore[arg-type]
+        await _until(lambda: big.assigned == ["long"])
+        assert small.assigned == ["short"]
+    finally:
+        await dispatcher.detach(small)  # type: ignore[arg-type]
+        await dispatcher.detach(big)  # type: ignore[arg-type]
