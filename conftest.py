@@ -8,6 +8,7 @@ Redis key prefix is created for the run and removed afterwards. The helpers behi
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 
 import pytest
@@ -20,6 +21,11 @@ from tests.support.stacks import BackendProcess, Stack, start_cpu_backend, start
 # /docs and /metrics) here, for in-process apps and for every server process they start. A test of
 # production mode sets its own environment.
 os.environ["OASST_SERVER_ENVIRONMENT"] = "development"
+
+# A shell starts background jobs (`make test &`) with SIGINT ignored, and children inherit that: the
+# Ctrl-C tests of the text-client would then test nothing. A handler here is reset to the default in
+# every child process, so they get Ctrl-C as a terminal would send it.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session", autouse=True)
