@@ -20,6 +20,7 @@ from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.protocols import GenerationBackend
 from oasst_worker.backends.records import BackendInfo, GenerationResult, StreamedToken
 from oasst_worker.jobs.generation import GenerationJob
+from oasst_worker.jobs.pool import JobPool
 from oasst_worker.prompting import PromptBuilder
 
 CONFIG = SMOLLM2_135M.model_copy(update={"chat_template_source": "chatml"})
@@ -90,3 +91,19 @@ async def test_without_a_cancel_the_job_runs_to_its_length() -> None:
     result = frames.sent[-1]
     assert isinstance(result, GeneratedText) and result.finish_reason == "length"
     assert result.generated_tokens == 20
+
+
+async def test_a_job_cancelled_before_its_task_starts_answers_and_frees_its_slot() -> None:
+    """The server cancels a message in the same instant it sent it: the pool's task has not run yet.
+    The job still answers "cancelled" (the server lets go of the message) and leaves the pool."""
+    backend = Counting()
+    job = job_for(backend)
+    frames = Frames()
+    pool = JobPool()
+    pool.start(job, frames)
+    pool.cancel("m1")  # before the loop ran the task's first step
+    await asyncio.wait_for(pool.wait(), 10)
+    assert len(pool) == 0
+    result = frames.sent[-1]
+    assert isinstance(result, GeneratedText) and result.finish_reason == "cancelled"
+    assert backend.yielded == 0

@@ -15,6 +15,7 @@ from oasst_worker.jobs.base import Job, Send
 class JobPool:
     def __init__(self) -> None:
         self._running: dict[str, tuple[Job, asyncio.Task[None]]] = {}
+        self._started: set[str] = set()  # jobs whose task has begun to run
 
     def __len__(self) -> int:
         return len(self._running)
@@ -32,7 +33,11 @@ class JobPool:
         if entry is not None:
             job, task = entry
             job.cancel_requested = True
-            task.cancel()
+            # A task cancelled before its first step never runs its body: the job would never answer
+            # (the server would hold the message, the slot would stay taken). One not started yet is
+            # cancelled by _run once the job has begun, and answers as cancelled.
+            if message_id in self._started:
+                task.cancel()
 
     async def wait(self) -> None:
         """Until every job has ended, those started meanwhile included."""
@@ -46,9 +51,14 @@ class JobPool:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._running.clear()
+        self._started.clear()
 
     async def _run(self, job: Job, send: Send) -> None:
         message_id = job.work.message_id
+        self._started.add(message_id)
+        task = asyncio.current_task()
+        if job.cancel_requested and task is not None:
+            asyncio.get_running_loop().call_soon(task.cancel)  # lands inside the job's own handling
         try:
             await job.run(send)
         except ConnectionClosed:
@@ -59,3 +69,4 @@ class JobPool:
                 await send(WorkerError(message_id=message_id, error=f"worker error: {exc}", retryable=True))
         finally:
             self._running.pop(message_id, None)
+            self._started.discard(message_id)
