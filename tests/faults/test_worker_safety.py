@@ -10,20 +10,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
 from oasst_shared.protocol import PROTOCOL_VERSION, GeneratedText, Pong, Token, WorkerInfo, dump_frame
 from tests.e2e.chat_api import ChatApi
-from tests.support.fake_workers import FAST_TIMINGS, FakeBackend, fake_model, start_fake_worker
+from tests.support.fake_workers import (
+    FAST_TIMINGS,
+    FakeBackend,
+    fake_model,
+    start_fake_backend,
+    start_fake_worker,
+)
 from tests.support.fault_flows import final_of, new_api, queue, wait_state
 from tests.support.processes import ManagedProcess, free_port, start_process, wait_for_model, wait_http_ok
 from tests.support.services import REDIS_URL, fresh_database
@@ -151,16 +156,9 @@ def test_a_poison_answer_fails_alone_and_another_user_s_answer_is_untouched(
 
 def test_a_backend_down_for_a_few_seconds_leaves_answers_pending_until_it_is_back(safety_stack, tmp_path):
     port = free_port()
-    script = str(Path(__file__).parents[1] / "support" / "fake_backend.py")
 
     def start_backend() -> FakeBackend:
-        log = tmp_path / f"fake-{uuid.uuid4().hex[:4]}.log"
-        proc = subprocess.Popen(
-            [sys.executable, script, str(port)], stdout=log.open("wb"), stderr=subprocess.STDOUT
-        )
-        process = ManagedProcess("fake-backend", proc, log)
-        wait_http_ok(f"http://127.0.0.1:{port}/health", process, timeout=30)
-        return FakeBackend(f"http://127.0.0.1:{port}", process)
+        return start_fake_backend(tmp_path, port=port)
 
     backend = start_backend()
     model = fake_model()
@@ -349,3 +347,63 @@ def _stack(url: str, server: ManagedProcess, log_dir: Path, backend: FakeBackend
         server_env={},
         backend_url=backend.url,
     )
+
+
+async def _open_reader(client, url: str, headers: dict[str, str], opened: list) -> int:
+    """Open one event stream; keep it open (in ``opened``) if the server lets it through."""
+    request = client.build_request("GET", url, headers=headers)
+    response = await client.send(request, stream=True)
+    if response.status_code == 200:
+        opened.append(response)
+    else:
+        body = json.loads(await response.aread())
+        assert body["code"] == "too_many_readers", body
+        await response.aclose()
+    return response.status_code
+
+
+def test_a_thousand_readers_of_one_answer_get_429_past_the_cap_and_nobody_else_notices(
+    safety_stack, fake_backend
+):
+    """One user opens 1,000 event streams on one answer at once: the first ``max_sse_readers_per_message``
+    stream, the rest get 429 at once; the answer completes; another user's answer on the same model,
+    read meanwhile, is untouched."""
+
+    model = fake_model()
+    worker = start_fake_worker(safety_stack, fake_backend, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="2")
+    flooder, bystander = new_api(safety_stack), new_api(safety_stack)
+    chat_id, message_id = queue(flooder, model.name, "[[slow]] a long answer", max_new_tokens=80)
+    url = f"{safety_stack.url}/chats/{chat_id}/messages/{message_id}/events"
+    headers = {"Authorization": f"Bearer {flooder.token}", "Accept": "text/event-stream"}
+
+    async def flood() -> tuple[list[int], list]:
+        opened: list = []
+        limits = httpx.Limits(max_connections=1100, max_keepalive_connections=0)
+        async with httpx.AsyncClient(timeout=120, limits=limits) as client:
+            statuses = await asyncio.gather(
+                *(_open_reader(client, url, headers, opened) for _ in range(1000))
+            )
+            # Meanwhile another user asks and reads on the same model: every token, no retry.
+            other = await asyncio.to_thread(queue, bystander, model.name, "and mine", max_new_tokens=5)
+            events = await asyncio.to_thread(bystander.events, *other)
+            # Every open reader gets the whole answer.
+            finals = []
+            for response in opened:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:") and '"event_type":"message"' in line:
+                        finals.append(json.loads(line[5:])["message"]["content"])
+                        break
+                await response.aclose()
+        return statuses, [events, finals]
+
+    statuses, (events, finals) = asyncio.run(flood())
+    cap = 8  # max_sse_readers_per_message, the default
+    assert statuses.count(200) == cap, sorted(set(statuses))
+    assert statuses.count(429) == 1000 - cap
+    assert len(finals) == cap and set(finals) == {"".join(f" w{i}" for i in range(1, 81))}
+    assert "retry" not in event_types(events)
+    other = final_of(events)
+    assert other["event_type"] == "message" and other["message"]["content"] == " w1 w2 w3 w4 w5"
+    # The slots are given back: the same user reads the finished answer again.
+    assert final_of(flooder.events(chat_id, message_id))["event_type"] == "message"
+    worker.stop()

@@ -614,7 +614,13 @@ def test_prometheus_scrapes_every_replica_worker_backend_and_the_balancer(stack:
     assert len(replicas) == 2, replicas
     jobs = prometheus_query(stack, "sum(oasst_worker_jobs_total)")
     assert jobs and float(jobs[0]["value"][1]) >= 1, jobs
-    backends = prometheus_query(stack, 'haproxy_backend_active_servers{proxy="api"}')
+    # The balancer's own health checks bring a restarted replica back (the kill test restarts one) a
+    # few checks after Prometheus sees it up: wait for them too.
+    while True:
+        backends = prometheus_query(stack, 'haproxy_backend_active_servers{proxy="api"}')
+        if (backends and float(backends[0]["value"][1]) == 2) or time.monotonic() > deadline + 60:
+            break
+        time.sleep(2)
     assert backends and float(backends[0]["value"][1]) == 2, backends
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -13,6 +14,8 @@ from fastapi import FastAPI
 
 from oasst_inference_server.auth import oauth
 from oasst_inference_server.auth.trusted_client import TrustedClient, encode_trusted_client
+from oasst_inference_server.broker import WorkerSessionRecord
+from oasst_shared.model_configs import SMOLLM2_135M
 
 API = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.asyncio(loop_scope="session")]
 
@@ -144,3 +147,41 @@ async def get_with_cookies(
         for name, value in cookies.items():
             if client.cookies.get(name) == value:
                 client.cookies.delete(name)
+
+
+async def sign_in(client: httpx.AsyncClient, name: str | None = None) -> User:
+    """Sign a (new, by default) debug user in."""
+    name = name or f"user-{uuid.uuid4().hex[:8]}"
+    response = await client.get("/auth/callback/debug", params={"code": name})
+    assert response.status_code == 200, response.text
+    tokens = response.json()
+    check = await client.get(
+        "/auth/check", headers={"Authorization": f"Bearer {tokens['access_token']['access_token']}"}
+    )
+    return User(
+        name,
+        check.json()["user_id"],
+        tokens["access_token"]["access_token"],
+        tokens["refresh_token"]["access_token"],
+    )
+
+
+async def register_live_model(app: FastAPI) -> str:
+    """A model of its own, with a worker session in the broker that never takes work: its answers
+    stay pending (and count towards its queue only). Returns its name."""
+    name = f"test-model-{uuid.uuid4().hex[:6]}"
+    config = SMOLLM2_135M.model_copy(update={"name": name})
+    data = {
+        "model_config": config.model_dump(mode="json"),
+        "max_parallel_requests": 2,
+        "free_slots": 0,
+        "in_flight": [],
+        "backend_kind": "fake",
+        "backend_healthy": True,
+        "draining": False,
+        "worker_version": "test",
+        "connected_at": 0.0,
+    }
+    record = WorkerSessionRecord(f"ws-test-{uuid.uuid4().hex[:8]}", name, json.dumps(data))
+    await app.state.broker.put_worker_session(record, ttl=3600)
+    return name

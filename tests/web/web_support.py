@@ -46,12 +46,14 @@ class PageWatch:
 
     One thing is not a failure: a request the browser abandons because its page is being replaced
     (a reload, a link followed) ends as ``net::ERR_ABORTED``. Such a request was started before the
-    page's newest navigation began, which is how it is told apart."""
+    page's newest navigation began, which is how it is told apart; so does one still in flight when the
+    test closes the page."""
 
     problems: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, url, text)
     allowed: list[tuple[str, str]] = field(default_factory=list)  # (kind, url substring)
     _navigations: dict[Page, int] = field(default_factory=dict)
     _started_in: dict[Request, int] = field(default_factory=dict)
+    closing: bool = False  # the test closes the page: what it still had in flight is abandoned
 
     def attach(self, page: Page) -> None:
         self._navigations[page] = 0
@@ -71,7 +73,7 @@ class PageWatch:
 
     def _failed(self, page: Page, request: Request) -> None:
         abandoned = request.failure == "net::ERR_ABORTED" and (
-            self._started_in.get(request, 0) < self._navigations[page]
+            self.closing or self._started_in.get(request, 0) < self._navigations[page]
         )
         if not abandoned:
             self.problems.append(("failed", request.url, str(request.failure)))
@@ -151,6 +153,7 @@ class WebPage:
         self.page.screenshot(path=str(SCREENSHOTS / f"{name}.png"), animations="disabled")
 
     def close(self) -> None:
+        self.watch.closing = True
         self.context.close()
 
 

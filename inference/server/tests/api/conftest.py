@@ -8,8 +8,6 @@ Everything is session-scoped and runs on the session's event loop (each test mod
 
 from __future__ import annotations
 
-import json
-import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import httpx
@@ -18,10 +16,8 @@ import pytest_asyncio
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from oasst_inference_server.broker import WorkerSessionRecord
 from oasst_inference_server.main import create_app
 from oasst_inference_server.settings import Settings
-from oasst_shared.model_configs import SMOLLM2_135M
 from tests.support.api import (
     ADMIN_TOKEN,
     MAX_CHATS_PER_USER,
@@ -30,6 +26,8 @@ from tests.support.api import (
     MAX_QUEUE_SIZE,
     TRUSTED_CLIENT_API_KEYS,
     User,
+    register_live_model,
+    sign_in,
 )
 from tests.support.fake_oauth import CLIENT_ID, CLIENT_SECRET, FakeProvider, ServerThread
 from tests.support.processes import free_port
@@ -111,22 +109,10 @@ async def client(app: FastAPI) -> AsyncIterator[httpx.AsyncClient]:
 def login(client: httpx.AsyncClient):
     """Signs a (new, by default) debug user in."""
 
-    async def sign_in(name: str | None = None) -> User:
-        name = name or f"user-{uuid.uuid4().hex[:8]}"
-        response = await client.get("/auth/callback/debug", params={"code": name})
-        assert response.status_code == 200, response.text
-        tokens = response.json()
-        check = await client.get(
-            "/auth/check", headers={"Authorization": f"Bearer {tokens['access_token']['access_token']}"}
-        )
-        return User(
-            name,
-            check.json()["user_id"],
-            tokens["access_token"]["access_token"],
-            tokens["refresh_token"]["access_token"],
-        )
+    async def sign_in_new(name: str | None = None) -> User:
+        return await sign_in(client, name)
 
-    return sign_in
+    return sign_in_new
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -143,19 +129,4 @@ async def other_user(login) -> User:
 async def live_model(app: FastAPI) -> str:
     """A model of this test alone, with a worker session in the broker that never takes work:
     its answers stay pending (and count towards its queue only)."""
-    name = f"test-model-{uuid.uuid4().hex[:6]}"
-    config = SMOLLM2_135M.model_copy(update={"name": name})
-    data = {
-        "model_config": config.model_dump(mode="json"),
-        "max_parallel_requests": 2,
-        "free_slots": 0,
-        "in_flight": [],
-        "backend_kind": "fake",
-        "backend_healthy": True,
-        "draining": False,
-        "worker_version": "test",
-        "connected_at": 0.0,
-    }
-    record = WorkerSessionRecord(f"ws-test-{uuid.uuid4().hex[:8]}", name, json.dumps(data))
-    await app.state.broker.put_worker_session(record, ttl=3600)
-    return name
+    return await register_live_model(app)

@@ -287,7 +287,7 @@ async def test_trusted_header_format_is_the_original_one():
         ({"auth_discord_client_id": "id", "auth_discord_client_secret": "changeme"}, "DISCORD_CLIENT_SECRET"),
     ],
 )
-def test_production_refuses_placeholder_secrets(override, complaint):
+async def test_production_refuses_placeholder_secrets(override, complaint):
     good = {
         "environment": "production",
         "auth_secret": secrets.token_hex(32),

@@ -101,7 +101,7 @@ async def test_invalid_bytes_in_the_body_path_or_query_are_refused(client, user)
     assert_error(await client.get("/chats?after=a%00", headers=user.headers), 422, "invalid_text")
 
 
-def test_the_text_check_reads_json_escapes_exactly():
+async def test_the_text_check_reads_json_escapes_exactly():
     ok = [b'{"a": "\\\\u0000"}', b'{"a": "\\ud83d\\ude00"}', b'{"a": "\\u00e9\\n"}', "é 😀".encode()]
     for body in ok:
         assert text_problem(body, json_escapes=True) is None, body

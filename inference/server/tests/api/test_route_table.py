@@ -3,6 +3,8 @@ OpenAPI document (and the worker socket), and the test calls each with an anonym
 user, a worker key, an API key, an expired token, a revoked token, an admin and the owner.
 
 A route missing from the table fails the test: a new route needs a decision about who may call it.
+Each test runs on both stores: Postgres with Redis (the session's app) and SQLite with the in-process
+broker (an app of this module).
 """
 
 from __future__ import annotations
@@ -10,16 +12,56 @@ from __future__ import annotations
 import enum
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import httpx
 import jwt
+import pytest
+import pytest_asyncio
+from asgi_lifespan import LifespanManager
 
+from oasst_inference_server.main import create_app
 from oasst_shared.protocol import API_KEY_HEADER
-from tests.support.api import ADMIN, API, finish_message, start_chat
+from tests.support.api import ADMIN, API, finish_message, register_live_model, sign_in, start_chat
 
 pytestmark = API
+
+
+# The session's fixtures of the same names, on both stores (the Postgres one is the session's app).
+@pytest_asyncio.fixture(scope="module", loop_scope="session", params=["postgres+redis", "sqlite+memory"])
+async def app(request, app, settings, tmp_path_factory) -> AsyncIterator[Any]:
+    if request.param == "postgres+redis":
+        yield app
+        return
+    database = tmp_path_factory.mktemp("route-table") / "oasst.db"
+    sqlite = settings.model_copy(
+        update={"database_url": f"sqlite+aiosqlite:///{database}", "broker_url": None}
+    )
+    application = create_app(sqlite)
+    async with LifespanManager(application, startup_timeout=60, shutdown_timeout=30):
+        yield application
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def client(app) -> AsyncIterator[httpx.AsyncClient]:
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        yield http
+
+
+@pytest.fixture
+def login(client):
+    async def sign_in_new(name: str | None = None):
+        return await sign_in(client, name)
+
+    return sign_in_new
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def live_model(app) -> str:
+    return await register_live_model(app)
 
 
 class Access(enum.Enum):
@@ -36,6 +78,8 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("GET", "/health"): (Access.PUBLIC, False),
     ("GET", "/metrics"): (Access.PUBLIC, False),  # development, no metrics token (see test_edge_guard)
     ("GET", "/configs/model_configs"): (Access.PUBLIC, False),
+    ("GET", "/configs/builtin_plugins"): (Access.PUBLIC, False),  # the original web page's routes
+    ("POST", "/configs/plugin_config"): (Access.PUBLIC, False),
     ("GET", "/auth/providers"): (Access.PUBLIC, False),
     ("POST", "/auth/refresh"): (Access.PUBLIC, False),  # the refresh token in the body is the credential
     ("POST", "/auth/logout"): (Access.PUBLIC, False),
@@ -81,6 +125,9 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("POST", "/admin/workers/{worker_id}/api_key"): (Access.ADMIN, False),
     ("DELETE", "/admin/workers/{worker_id}"): (Access.ADMIN, False),
     ("GET", "/admin/worker_sessions"): (Access.ADMIN, False),
+    ("PUT", "/admin/workers/{worker_id}/limits"): (Access.ADMIN, False),
+    ("GET", "/admin/queues"): (Access.ADMIN, False),
+    ("PUT", "/admin/users/{user_id}/tier"): (Access.ADMIN, False),
     ("GET", "/admin/users/{user_id}"): (Access.ADMIN, False),
     ("POST", "/admin/users/{user_id}/revoke_tokens"): (Access.ADMIN, False),
     ("DELETE", "/admin/users/{user_id}"): (Access.ADMIN, False),
@@ -97,6 +144,7 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
         "model_config_name": "{model}",
     },
     ("POST", "/chats/{chat_id}/messages/{message_id}/votes"): {"score": 1},
+    ("PUT", "/admin/users/{user_id}/tier"): {"tier": "standard"},
     ("POST", "/chats/{chat_id}/messages/{message_id}/reports"): {"report_type": "spam"},
     ("POST", "/chats/{chat_id}/messages/{message_id}/message_evals"): {
         "inferior_message_ids": ["{prompter_id}"]
