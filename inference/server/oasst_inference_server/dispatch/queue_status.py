@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 
-from sqlalchemy import func, select
+from sqlalchemy import func
 from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.broker import Broker, BrokerError

@@ -40,7 +40,12 @@ from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
 from oasst_inference_server.dispatch import fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import (
+    GenerationFailed,
+    InvalidRequest,
+    NotFound,
+    ServiceUnavailable,
+)
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.event_reader import read_message_events
 from oasst_shared.model_configs import ModelKind
@@ -62,10 +67,10 @@ class ClientGone(Exception):
     """The client disconnected before the answer was ready."""
 
 
-def generation_failure(event: dict[str, Any]) -> ApiError:
+def generation_failure(event: dict[str, Any]) -> GenerationFailed:
     """The error to report for a terminal ``error`` event."""
     state = (event.get("message") or {}).get("state") or "failed"
-    return ApiError(500, f"generation_{state}", f"the generation failed: {event.get('error') or state}")
+    return GenerationFailed(f"generation_{state}", f"the generation failed: {event.get('error') or state}")
 
 
 class OpenAIService:
@@ -88,28 +93,26 @@ class OpenAIService:
         return await self._registry.live_models()
 
     async def resolve_model(self, name: str, kind: ModelKind) -> LiveModel:
-        """The live model ``name`` of ``kind``: 404 if unknown, 503 if no worker serves it now."""
+        """The live model ``name`` of ``kind``: NotFound if unknown, ServiceUnavailable if no worker serves
+        it now, InvalidRequest if it is of another kind."""
         live = await self._registry.live_models()
         model = live.get(name)
         available = ", ".join(sorted(n for n, m in live.items() if m.config.kind == kind)) or "none"
         if model is None:
             if name in self._registry.known_model_names(live):
-                raise ApiError(
-                    503,
+                raise ServiceUnavailable(
                     "model_unavailable",
                     f"no worker serves the model {name!r} right now; available: {available}",
                     param="model",
                 )
-            raise ApiError(
-                404,
+            raise NotFound(
                 "model_not_found",
                 f"the model {name!r} does not exist; available models: {available}",
                 param="model",
             )
         if model.config.kind != kind:
             use = "/v1/embeddings" if model.config.kind == "embedding" else "/v1/chat/completions"
-            raise ApiError(
-                400,
+            raise InvalidRequest(
                 "wrong_model_kind",
                 f"{name!r} is a {model.config.kind} model: use {use} (available here: {available})",
                 param="model",
@@ -249,7 +252,7 @@ class OpenAIService:
         is_disconnected: IsDisconnected,
         logprobs: list[dict[str, Any]] | None = None,
     ) -> MessageRead:
-        """Wait for the finished message; raise the failure as an ``ApiError``, or ``ClientGone``.
+        """Wait for the finished message; raise its failure (``GenerationFailed``), or ``ClientGone``.
 
         ``logprobs``, if given, receives the token logprobs of the answer's token events.
         """
@@ -346,7 +349,7 @@ class OpenAIService:
         payload = (current.result_payload if current else None) or {}
         vectors = payload.get("embeddings")
         if current is None or not isinstance(vectors, list):
-            raise ApiError(500, "embeddings_missing", "the worker returned no embeddings")
+            raise GenerationFailed("embeddings_missing", "the worker returned no embeddings")
         return vectors, current.prompt_tokens or 0
 
 

@@ -22,6 +22,7 @@ from oasst_inference_server.api.deps import ApiCaller, SessionDep, SettingsDep
 from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.db.models import DbMessage
 from oasst_inference_server.dispatch.worker_registry import LiveModel
+from oasst_inference_server.domain_errors import GenerationFailed, InvalidRequest, NotFound
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.openai_api.openai_service import ClientGone, OpenAIService
 from oasst_inference_server.openai_api.openai_streams import (
@@ -103,7 +104,7 @@ async def retrieve_model(model: str, caller: ApiCaller, service: ServiceDep) -> 
     live = await service.live_models()
     if model not in live:
         available = ", ".join(sorted(live)) or "none"
-        raise ApiError(404, "model_not_found", f"the model {model!r} does not exist; available: {available}")
+        raise NotFound("model_not_found", f"the model {model!r} does not exist; available: {available}")
     return _card(live[model])
 
 
@@ -113,7 +114,7 @@ def _sampling(body: ChatCompletionRequest | CompletionRequest, model: LiveModel)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = ".".join(str(p) for p in first["loc"]) or None
-        raise ApiError(400, "invalid_value", f"{param}: {first['msg']}", param=param) from None
+        raise InvalidRequest("invalid_value", f"{param}: {first['msg']}", param=param) from None
 
 
 async def _admit(session: AsyncSession, settings: Settings, caller: Caller, model: LiveModel) -> None:
@@ -333,8 +334,8 @@ async def embeddings(
     finally:
         await service.settle(message, finished=True)  # the vectors are read: erase them
     if len(vectors) != len(inputs):
-        raise ApiError(
-            500, "embeddings_mismatch", f"the worker returned {len(vectors)} vectors for {len(inputs)} inputs"
+        raise GenerationFailed(
+            "embeddings_mismatch", f"the worker returned {len(vectors)} vectors for {len(inputs)} inputs"
         )
     response.headers["X-Request-Id"] = message.id
     return EmbeddingResponse(
