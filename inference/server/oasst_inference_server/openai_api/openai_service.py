@@ -37,7 +37,6 @@ from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.chats.chat_store import title_from_prompt
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
-from oasst_inference_server.dispatch import fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.domain_errors import (
@@ -48,6 +47,7 @@ from oasst_inference_server.domain_errors import (
 )
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.event_reader import read_message_events
+from oasst_inference_server.submission import SubmissionService
 from oasst_shared.model_configs import ModelKind
 from oasst_shared.protocol import ChatTurn
 from oasst_shared.sampling import SamplingParameters
@@ -81,12 +81,14 @@ class OpenAIService:
         broker: Broker,
         lifecycle: MessageLifecycle,
         registry: WorkerRegistry,
+        submission: SubmissionService,
     ):
         self.settings = settings
         self._sessions = session_factory
         self._broker = broker
         self._lifecycle = lifecycle
         self._registry = registry
+        self._submission = submission
 
     # ------------------------------------------------------------ models
     async def live_models(self) -> dict[str, LiveModel]:
@@ -120,6 +122,10 @@ class OpenAIService:
         return model
 
     # ------------------------------------------------------------ submitting requests
+    async def admit(self, session: AsyncSession, caller: Caller, model: LiveModel) -> None:
+        """The caller's limits and the model's queue capacity, as on the chat API."""
+        await self._submission.admit(session, caller.user.id, model.config.name)
+
     async def submit_chat(
         self,
         session: AsyncSession,
@@ -140,7 +146,7 @@ class OpenAIService:
         message = self._new_message(
             caller, "completion", model, sampling, payload, system_prompt=system_prompt
         )
-        return await self._enqueue(session, message, thread)
+        return await self._submit(session, caller, message, thread)
 
     async def submit_completion(
         self,
@@ -151,13 +157,13 @@ class OpenAIService:
         prompt: str,
     ) -> DbMessage:
         message = self._new_message(caller, "completion", model, sampling, {"raw_prompt": prompt})
-        return await self._enqueue(session, message, [ChatTurn(role="user", content=prompt)])
+        return await self._submit(session, caller, message, [ChatTurn(role="user", content=prompt)])
 
     async def submit_embedding(
         self, session: AsyncSession, caller: Caller, model: LiveModel, inputs: list[str]
     ) -> DbMessage:
         message = self._new_message(caller, "embedding", model, None, {"inputs": inputs})
-        return await self._enqueue(session, message)
+        return await self._submit(session, caller, message)
 
     def _new_message(
         self,
@@ -180,7 +186,6 @@ class OpenAIService:
             system_prompt=system_prompt,
             request_payload=payload,
             enqueued_at=utcnow(),
-            scheduling=caller.scheduling.model_dump(mode="json"),  # _enqueue turns it into a ticket
         )
 
     @staticmethod
@@ -208,30 +213,17 @@ class OpenAIService:
         message.created_at = message.enqueued_at = utcnow()  # after its turns, in the chat's order
         chat.active_thread_tail_message_id = message.id
 
-    async def _enqueue(
-        self, session: AsyncSession, message: DbMessage, thread: list[ChatTurn] | None = None
+    async def _submit(
+        self,
+        session: AsyncSession,
+        caller: Caller,
+        message: DbMessage,
+        thread: list[ChatTurn] | None = None,
     ) -> DbMessage:
         """Commit and queue the message; with ``store_api_conversations``, ``thread`` as its chat."""
         if thread is not None and self.settings.store_api_conversations:
             self._store_as_chat(session, message, thread)
-        requested = fair_share.requested_options(message)
-        ticket = await fair_share.new_ticket(session, self.settings, message, requested)
-        message.scheduling = ticket.model_dump(mode="json")
-        session.add(message)
-        await session.commit()
-        try:
-            await self._lifecycle.enqueue(message)
-        except Exception as exc:
-            # The message is safely pending in the database; the recovery loop re-queues it.
-            logger.opt(exception=exc).error("could not queue API request {}", message.id)
-        logger.info(
-            "API request {} ({}, {}) queued for user {}",
-            message.id,
-            message.kind,
-            message.model_config_name,
-            message.user_id,
-        )
-        return message
+        return await self._submission.submit(session, message, caller.user, caller.scheduling)
 
     # ------------------------------------------------------------ following a request
     async def events(

@@ -7,12 +7,18 @@ import hmac
 import json
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import delete, func, select
 
-from oasst_inference_server.api.deps import BrokerDep, SessionDep, SettingsDep
+from oasst_inference_server.api.deps import (
+    BrokerDep,
+    LifecycleDep,
+    SessionDep,
+    SessionFactoryDep,
+    SettingsDep,
+)
 from oasst_inference_server.api.responses import ADMIN, Responses, error
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
 from oasst_inference_server.auth.worker_keys import live_sessions_of, new_worker_key
@@ -220,12 +226,12 @@ async def revoke_tokens(user_id: str, session: SessionDep) -> RevokedTokensRespo
 
 
 @router.delete("/users/{user_id}", status_code=204, responses=_USER)
-async def delete_user(request: Request, user_id: str, session: SessionDep) -> Response:
+async def delete_user(user_id: str, session: SessionDep, lifecycle: LifecycleDep) -> Response:
     """Delete a user the way ``DELETE /account`` does (anonymised, generations cancelled)."""
     user = await session.get(DbUser, user_id)
     if user is None or user.deleted:
         raise not_found("user")
-    await delete_account(session, request.app.state.lifecycle, user)
+    await delete_account(session, lifecycle, user)
     return Response(status_code=204)
 
 
@@ -272,7 +278,7 @@ async def set_user_tier(
 
 
 @router.get("/queues", response_model=QueueStatus)
-async def queues(request: Request, broker: BrokerDep) -> QueueStatus:
+async def queues(sessions: SessionFactoryDep, broker: BrokerDep) -> QueueStatus:
     """Per model: depth and oldest wait, each waiting user's backlog and counter, each worker's load,
     and the tokens served per user in the last window."""
-    return await queue_status(request.app.state.session_factory, broker)
+    return await queue_status(sessions, broker)

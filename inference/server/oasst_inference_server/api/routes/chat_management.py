@@ -11,11 +11,11 @@ which branch the user looks at; it follows the newest message and can be set wit
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from sqlalchemy import select, update
 
-from oasst_inference_server.api.deps import CurrentUser, SessionDep
+from oasst_inference_server.api.deps import CurrentUser, LifecycleDep, SessionDep
 from oasst_inference_server.api.responses import AUTH, CHAT, MESSAGE, Responses, error
 from oasst_inference_server.chats.chat_store import (
     delete_chat,
@@ -100,10 +100,12 @@ async def patch_chat(
 
 
 @router.delete("/{chat_id}", status_code=204, responses=CHAT)
-async def delete_own_chat(request: Request, chat_id: str, user: CurrentUser, session: SessionDep) -> Response:
+async def delete_own_chat(
+    chat_id: str, user: CurrentUser, session: SessionDep, lifecycle: LifecycleDep
+) -> Response:
     """Delete the chat, its messages and their feedback; its running answers are cancelled first."""
     chat = await get_own_chat(session, user, chat_id)
-    await delete_chat(session, request.app.state.lifecycle, chat)
+    await delete_chat(session, lifecycle, chat)
     return Response(status_code=204)
 
 

@@ -8,17 +8,15 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.admission.capabilities import check_capabilities
-from oasst_inference_server.admission.limits import check_queue_capacity
-from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.admission.request_bounds import check_chat_completion_bounds
-from oasst_inference_server.api.deps import ApiCaller, SessionDep, SettingsDep
+from oasst_inference_server.api.deps import ApiCaller, OpenAIServiceDep, SessionDep, SettingsDep
 from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.db.models import DbMessage
 from oasst_inference_server.dispatch.worker_registry import LiveModel
@@ -71,14 +69,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _STREAM = {"content": {"text/event-stream": {}}, "description": "With stream=true: server-sent chunks"}
 
 
-def get_openai_service(request: Request) -> OpenAIService:
-    state = request.app.state
-    return OpenAIService(state.settings, state.session_factory, state.broker, state.lifecycle, state.registry)
-
-
-ServiceDep = Annotated[OpenAIService, Depends(get_openai_service)]
-
-
 def _card(model: LiveModel) -> ModelCard:
     return ModelCard(
         id=model.config.name,
@@ -91,7 +81,7 @@ def _card(model: LiveModel) -> ModelCard:
 
 
 @router.get("/models", response_model=ModelList, responses={401: _ERRORS[401]})
-async def list_models(caller: ApiCaller, service: ServiceDep) -> ModelList:
+async def list_models(caller: ApiCaller, service: OpenAIServiceDep) -> ModelList:
     """The models at least one connected worker serves now, with their context length."""
     live = await service.live_models()
     return ModelList(data=[_card(m) for _, m in sorted(live.items())])
@@ -100,7 +90,7 @@ async def list_models(caller: ApiCaller, service: ServiceDep) -> ModelList:
 @router.get(
     "/models/{model:path}", response_model=ModelCard, responses={401: _ERRORS[401], 404: _ERRORS[404]}
 )
-async def retrieve_model(model: str, caller: ApiCaller, service: ServiceDep) -> ModelCard:
+async def retrieve_model(model: str, caller: ApiCaller, service: OpenAIServiceDep) -> ModelCard:
     live = await service.live_models()
     if model not in live:
         available = ", ".join(sorted(live)) or "none"
@@ -115,12 +105,6 @@ def _sampling(body: ChatCompletionRequest | CompletionRequest, model: LiveModel)
         first = exc.errors(include_url=False)[0]
         param = ".".join(str(p) for p in first["loc"]) or None
         raise InvalidRequest("invalid_value", f"{param}: {first['msg']}", param=param) from None
-
-
-async def _admit(session: AsyncSession, settings: Settings, caller: Caller, model: LiveModel) -> None:
-    """The user's limits (429) and the model's queue capacity (503), as on the chat API."""
-    await check_generation_limits(session, settings, caller.user.id)
-    await check_queue_capacity(session, settings, model.config.name)
 
 
 def _check_capabilities(
@@ -222,7 +206,7 @@ async def _generate(
     model = await service.resolve_model(body.model, "generation")
     sampling = _sampling(body, model)
     _check_capabilities(body, sampling, model)
-    await _admit(session, settings, caller, model)
+    await service.admit(session, caller, model)
     messages: list[DbMessage] = []
     for index in range(body.choices):
         params = _sampling_of_choice(sampling, index)
@@ -292,7 +276,7 @@ async def chat_completions(
     caller: ApiCaller,
     session: SessionDep,
     settings: SettingsDep,
-    service: ServiceDep,
+    service: OpenAIServiceDep,
 ) -> Any:
     """Answer a conversation (system, user and assistant messages); ``stream`` for server-sent chunks."""
     return await _generate(request, response, body, caller, session, settings, service)
@@ -306,7 +290,7 @@ async def completions(
     caller: ApiCaller,
     session: SessionDep,
     settings: SettingsDep,
-    service: ServiceDep,
+    service: OpenAIServiceDep,
 ) -> Any:
     """Continue a raw prompt (no chat template); ``stream`` for server-sent chunks."""
     return await _generate(request, response, body, caller, session, settings, service)
@@ -320,12 +304,12 @@ async def embeddings(
     caller: ApiCaller,
     session: SessionDep,
     settings: SettingsDep,
-    service: ServiceDep,
+    service: OpenAIServiceDep,
 ) -> EmbeddingResponse:
     """Embed each input with an embedding model's workers (one vector per input, in input order)."""
     model = await service.resolve_model(body.model, "embedding")
     inputs = body.inputs
-    await _admit(session, settings, caller, model)
+    await service.admit(session, caller, model)
     message = await service.submit_embedding(session, caller, model, inputs)
     await session.close()
     try:
