@@ -9,7 +9,6 @@ finished message back.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection
 from datetime import datetime, timedelta
 
@@ -21,7 +20,7 @@ from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server import metrics
-from oasst_inference_server.broker import Broker, BrokerError
+from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.dispatch import events, fair_share
 from oasst_inference_server.dispatch.capacity import DEFAULT_TOKENS_PER_SECOND
@@ -131,15 +130,18 @@ class MessageLifecycle:
             sessions = await self._broker.list_worker_sessions()
         except BrokerError:
             return None
-        workers = [json.loads(r.data) for r in sessions if r.model_config_name == message.model_config_name]
+        workers = [
+            w
+            for w in map(WorkerSession.of, sessions)
+            if w is not None and w.model_config_.name == message.model_config_name
+        ]
         if not workers:
             return None
-        free = sum(int(w.get("free_slots") or 0) for w in workers)
+        free = sum(w.free_slots for w in workers)
         if position <= free:
             return 0.0
         throughput = sum(
-            int(w.get("max_parallel_requests") or 1)
-            * float(w.get("tokens_per_second") or DEFAULT_TOKENS_PER_SECOND)
+            (w.max_parallel_requests or 1) * (w.tokens_per_second or DEFAULT_TOKENS_PER_SECOND)
             for w in workers
         )
         ticket = fair_share.stored_ticket(message)

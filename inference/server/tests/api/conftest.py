@@ -8,7 +8,6 @@ Everything is session-scoped and runs on the session's event loop (each test mod
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
@@ -18,7 +17,7 @@ import pytest_asyncio
 from asgi_lifespan import LifespanManager
 from fastapi import FastAPI
 
-from oasst_inference_server.broker import WorkerSessionRecord
+from oasst_inference_server.broker import WorkerSession
 from oasst_inference_server.main import create_app
 from oasst_inference_server.settings import Settings
 from oasst_shared.model_configs import SMOLLM2_135M
@@ -145,17 +144,13 @@ async def live_model(app: FastAPI) -> str:
     its answers stay pending (and count towards its queue only)."""
     name = f"test-model-{uuid.uuid4().hex[:6]}"
     config = SMOLLM2_135M.model_copy(update={"name": name})
-    data = {
-        "model_config": config.model_dump(mode="json"),
-        "max_parallel_requests": 2,
-        "free_slots": 0,
-        "in_flight": [],
-        "backend_kind": "fake",
-        "backend_healthy": True,
-        "draining": False,
-        "worker_version": "test",
-        "connected_at": 0.0,
-    }
-    record = WorkerSessionRecord(f"ws-test-{uuid.uuid4().hex[:8]}", name, json.dumps(data))
-    await app.state.broker.put_worker_session(record, ttl=3600)
+    live = WorkerSession(
+        model_config=config,
+        max_parallel_requests=2,
+        free_slots=0,
+        backend_kind="fake",
+        worker_version="test",
+        connected_at=0.0,
+    )
+    await app.state.broker.put_worker_session(live.record(f"ws-test-{uuid.uuid4().hex[:8]}"), ttl=3600)
     return name

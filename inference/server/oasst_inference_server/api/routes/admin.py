@@ -4,8 +4,7 @@ sessions, and users. Disabled (403) when no root token is configured."""
 from __future__ import annotations
 
 import hmac
-import json
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends
 from fastapi.responses import Response
@@ -22,6 +21,7 @@ from oasst_inference_server.api.deps import (
 from oasst_inference_server.api.responses import ADMIN, Responses, error
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
 from oasst_inference_server.auth.worker_keys import live_sessions_of, new_worker_key
+from oasst_inference_server.broker import WorkerSession
 from oasst_inference_server.chats.accounts import delete_account
 from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerEvent
 from oasst_inference_server.dispatch.events import worker_command_channel
@@ -180,6 +180,19 @@ async def delete_worker(worker_id: str, session: SessionDep, broker: BrokerDep) 
     return Response(status_code=204)
 
 
+# What the admin API shows of a worker session as the broker holds it (the worker comes from the database).
+_SESSION_DETAILS = {
+    "max_parallel_requests",
+    "free_slots",
+    "in_flight",
+    "backend_kind",
+    "backend_healthy",
+    "draining",
+    "worker_version",
+    "connected_at",
+}
+
+
 @router.get("/worker_sessions", response_model=list[WorkerSessionRead])
 async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[WorkerSessionRead]:
     """Every connected worker socket on every replica, with its capacity and in-flight messages."""
@@ -192,25 +205,17 @@ async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[W
         names = dict(rows.all())
     out = []
     for record in sorted(records, key=lambda r: (r.model_config_name, r.session_id)):
-        try:
-            data: dict[str, Any] = json.loads(record.data)
-        except ValueError:
-            data = {}
         worker_id = workers.get(record.session_id)
+        live = WorkerSession.of(record)
+        # A record this version cannot read is listed without its details.
+        details = live.model_dump(include=_SESSION_DETAILS) if live is not None else {}
         out.append(
             WorkerSessionRead(
                 session_id=record.session_id,
                 model_config_name=record.model_config_name,
                 worker_id=worker_id,
                 worker_name=names.get(worker_id) if worker_id else None,
-                max_parallel_requests=data.get("max_parallel_requests"),
-                free_slots=data.get("free_slots"),
-                in_flight=list(data.get("in_flight") or []),
-                backend_kind=data.get("backend_kind"),
-                backend_healthy=data.get("backend_healthy"),
-                draining=data.get("draining"),
-                worker_version=data.get("worker_version"),
-                connected_at=data.get("connected_at"),
+                **details,
             )
         )
     return out
