@@ -30,6 +30,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from oasst_inference_server.db.models import DbMessage
+from oasst_inference_server.dispatch import events
 from oasst_inference_server.openai_api.openai_service import IsDisconnected, OpenAIService, generation_failure
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.openai_schemas import (
@@ -218,7 +219,7 @@ async def stream_answer(
                         out.append(chunks.text(event["text"], event.get("logprobs")))
                     elif kind == "pending":
                         out.append(pending_comment(event))
-                    elif kind in ("message", "error") or (kind == "retry" and sent_text):
+                    elif events.is_terminal_type(kind) or (kind == "retry" and sent_text):
                         # A retry after text was sent is not finished: settle() cancels the
                         # regeneration nobody would read.
                         finished = kind != "retry"
