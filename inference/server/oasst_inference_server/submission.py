@@ -92,7 +92,7 @@ class SubmissionService:
         """Queue the assistant's answer to a prompter message of the user's chat."""
         chat = await get_own_chat(session, user, chat_id)
         parent = await get_parent_message(session, chat, request.parent_id)
-        if parent.role != Role.prompter.value:
+        if parent.role != Role.prompter:
             raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
         model = await self._chat_model(request.model_config_name)
         check_capabilities(request.sampling_parameters, model)
@@ -101,8 +101,8 @@ class SubmissionService:
         message = DbMessage(
             chat_id=chat.id,
             parent_id=parent.id,
-            role=Role.assistant.value,
-            state=MessageState.pending.value,
+            role=Role.assistant,
+            state=MessageState.pending,
             model_config_name=model.config.name,
             sampling_parameters=request.sampling_parameters.model_dump(mode="json"),
             system_prompt=request.system_prompt,

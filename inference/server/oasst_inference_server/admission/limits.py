@@ -40,7 +40,7 @@ async def check_queue_capacity(session: AsyncSession, settings: Settings, model_
     pending = (
         await session.exec(
             select(func.count()).where(
-                DbMessage.state == MessageState.pending.value,
+                DbMessage.state == MessageState.pending,
                 DbMessage.model_config_name == model_config_name,
             )
         )

@@ -40,7 +40,7 @@ async def queue_status(
         pending = (
             await session.exec(
                 select(DbMessage.model_config_name, func.count(), func.min(DbMessage.enqueued_at))
-                .where(DbMessage.state == MessageState.pending.value)
+                .where(DbMessage.state == MessageState.pending)
                 .group_by(DbMessage.model_config_name)
             )
         ).all()

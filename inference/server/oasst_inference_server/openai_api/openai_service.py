@@ -57,7 +57,7 @@ from oasst_shared.tool_calls import ToolChoice, ToolDefinition
 IsDisconnected = Callable[[], Awaitable[bool]]
 
 API_KINDS = ("completion", "embedding")
-_TERMINAL_STATES = tuple(s.value for s in MessageState if s.is_terminal and s != MessageState.manual)
+_TERMINAL_STATES = tuple(s for s in MessageState if s.is_terminal and s != MessageState.manual)
 _SWEEP_AGE = timedelta(minutes=10)  # answered long enough ago that no handler still reads it
 _ABANDONED_WAIT_SECONDS = 600.0
 _background: set[asyncio.Task[None]] = set()
@@ -179,8 +179,8 @@ class OpenAIService:
             kind=kind,
             user_id=caller.user.id,
             api_key_id=caller.api_key_id,
-            role=Role.assistant.value,
-            state=MessageState.pending.value,
+            role=Role.assistant,
+            state=MessageState.pending,
             model_config_name=model.config.name,
             sampling_parameters=sampling.model_dump(mode="json") if sampling else None,
             system_prompt=system_prompt,
@@ -202,9 +202,9 @@ class OpenAIService:
             stored = DbMessage(
                 chat_id=chat.id,
                 parent_id=parent_id,
-                role=(Role.prompter if prompter else Role.assistant).value,
+                role=Role.prompter if prompter else Role.assistant,
                 content=turn.content,
-                state=(MessageState.manual if prompter else MessageState.complete).value,
+                state=MessageState.manual if prompter else MessageState.complete,
             )
             session.add(stored)
             parent_id = stored.id

@@ -115,7 +115,7 @@ async def _own_answer(
     """The user's chat and one of its assistant messages (feedback is only for answers)."""
     chat = await get_own_chat(session, user, chat_id)
     message = await get_chat_message(session, chat, message_id)
-    if message.role != Role.assistant.value:
+    if message.role != Role.assistant:
         raise ApiError(400, "not_assistant_message", f"only assistant messages can be {action}")
     return chat, message
 
@@ -178,7 +178,7 @@ async def evaluate(
                 select(DbMessage.id).where(
                     DbMessage.chat_id == chat.id,
                     DbMessage.parent_id == selected.parent_id,
-                    DbMessage.role == Role.assistant.value,
+                    DbMessage.role == Role.assistant,
                 )
             )
         ).scalars()

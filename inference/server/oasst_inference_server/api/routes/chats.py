@@ -57,7 +57,7 @@ _ID_ERRORS: dict[int | str, dict[str, Any]] = {
     **_AUTH_ERRORS,
     404: {"model": ErrorBody, "description": "No such chat or message for this user"},
 }
-_REPLY_STATES = (MessageState.complete.value, MessageState.cancelled.value)
+_REPLY_STATES = (MessageState.complete, MessageState.cancelled)
 
 
 @router.post(
@@ -136,7 +136,7 @@ async def create_prompter_message(
             raise InvalidRequest("parent_required", "the chat already has messages: give parent_id")
     else:
         parent = await get_parent_message(session, chat, body.parent_id)
-        if parent.role != Role.assistant.value:
+        if parent.role != Role.assistant:
             raise InvalidRequest(
                 "parent_not_assistant", "a prompter message must answer an assistant message"
             )
@@ -145,9 +145,9 @@ async def create_prompter_message(
     message = DbMessage(
         chat_id=chat.id,
         parent_id=body.parent_id,
-        role=Role.prompter.value,
+        role=Role.prompter,
         content=body.content,
-        state=MessageState.manual.value,
+        state=MessageState.manual,
     )
     session.add(message)
     chat.modified_at = utcnow()
@@ -233,7 +233,7 @@ async def message_events(
         raise InvalidRequest(
             "invalid_last_event_id", f"Last-Event-ID {last_event_id[:40]!r} is not an event id"
         )
-    if message.role != Role.assistant.value:
+    if message.role != Role.assistant:
         raise InvalidRequest("not_assistant_message", "only assistant messages have events")
     lease = await acquire_reader(broker, settings, user.id, message.id)
     await session.close()  # do not hold a database connection for the life of the stream
