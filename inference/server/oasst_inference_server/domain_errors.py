@@ -11,6 +11,8 @@ people.
     ├── InvalidValue        a value breaks a documented bound: settings, a message or a system prompt
     │                       too long (422)
     ├── NotAuthenticated    no valid credentials: expired or forged token, unknown user (401)
+    ├── NotPermitted        the caller is known but may not do this: a disabled feature, a wrong admin
+    │                       token, a priority from an untrusted client (403)
     ├── NotFound            the thing named does not exist, or is not the caller's (404)
     ├── Conflict            the state of the data refuses the change: a full chat, too many chats (409)
     ├── RateLimited         the caller has too much going on: generations per minute or at once, open
@@ -21,8 +23,8 @@ people.
     │                       answered nothing usable (500)
     └── UpstreamFailed      a service this one depends on failed: an OAuth provider (502)
 
-Only ``api/`` (routes and dependencies) still raises ``ApiError`` (:mod:`.errors`), for what is HTTP
-itself: a missing header, a closed connection.
+``ApiError`` (:mod:`.errors`) is the HTTP form the mapping produces; a route raises it itself only for
+what is HTTP alone (499, the client closed the connection).
 """
 
 from __future__ import annotations
@@ -50,6 +52,10 @@ class NotAuthenticated(DomainError):
     def __init__(self, code: str, detail: str, *, bearer: bool = False):
         super().__init__(code, detail)
         self.bearer = bearer
+
+
+class NotPermitted(DomainError):
+    """The caller is known but may not do this."""
 
 
 class NotFound(DomainError):

@@ -26,6 +26,7 @@ def test_every_domain_error_has_an_http_status():
         (de.InvalidRequest("invalid_cursor", "bad cursor", param="after"), 400),
         (de.InvalidValue("settings_too_large", "too large"), 422),
         (de.NotAuthenticated("user_deleted", "this account was deleted"), 401),
+        (de.NotPermitted("admin_disabled", "the admin API is disabled"), 403),
         (de.not_found("chat"), 404),
         (de.Conflict("account_conflict", "taken"), 409),
         (de.UpstreamFailed("oauth_provider_error", "down"), 502),

@@ -39,6 +39,7 @@ DOMAIN_STATUS: dict[type[de.DomainError], int] = {
     de.InvalidRequest: 400,
     de.InvalidValue: 422,
     de.NotAuthenticated: 401,
+    de.NotPermitted: 403,
     de.NotFound: 404,
     de.Conflict: 409,
     de.RateLimited: 429,

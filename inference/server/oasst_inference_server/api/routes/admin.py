@@ -27,8 +27,7 @@ from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerE
 from oasst_inference_server.dispatch.events import worker_command_channel
 from oasst_inference_server.dispatch.queue_status import queue_status
 from oasst_inference_server.dispatch.worker_connection import DISCONNECT_COMMAND
-from oasst_inference_server.domain_errors import not_found
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import InvalidValue, NotAuthenticated, NotPermitted, not_found
 from oasst_shared.schemas import (
     AdminUserRead,
     CreateWorkerRequest,
@@ -49,12 +48,12 @@ async def require_admin(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
 ) -> None:
     if credentials is None or credentials.scheme.lower() != "bearer":
-        raise ApiError(401, "not_authenticated", "admin token required", {"WWW-Authenticate": "Bearer"})
+        raise NotAuthenticated("not_authenticated", "admin token required", bearer=True)
     root = settings.admin_root_token
     if not root:
-        raise ApiError(403, "admin_disabled", "the admin API is disabled on this server")
+        raise NotPermitted("admin_disabled", "the admin API is disabled on this server")
     if not hmac.compare_digest(credentials.credentials.encode(), root.encode()):
-        raise ApiError(403, "forbidden", "wrong admin token")
+        raise NotPermitted("forbidden", "wrong admin token")
 
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)], responses=ADMIN)
@@ -271,8 +270,7 @@ async def set_user_tier(
     if user is None:
         raise not_found("user")
     if body.tier is not None and body.tier not in settings.user_tiers:
-        raise ApiError(
-            422,
+        raise InvalidValue(
             "unknown_tier",
             f"unknown tier {body.tier!r}; tiers: {', '.join(sorted(settings.user_tiers))}",
         )

@@ -24,7 +24,7 @@ from oasst_inference_server.chats.chat_store import (
     to_chat_list_read,
 )
 from oasst_inference_server.db.models import DbChat, DbMessage, DbMessageEvaluation, DbReport, utcnow
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import InvalidRequest
 from oasst_shared.schemas import (
     ChatListRead,
     ChatUpdateRequest,
@@ -66,8 +66,8 @@ async def _update_chat(
     if body.active_thread_tail_message_id is not None:
         tail = await session.get(DbMessage, body.active_thread_tail_message_id)
         if tail is None or tail.chat_id != chat.id:
-            raise ApiError(
-                400, "message_not_in_chat", "active_thread_tail_message_id is not a message of this chat"
+            raise InvalidRequest(
+                "message_not_in_chat", "active_thread_tail_message_id is not a message of this chat"
             )
         chat.active_thread_tail_message_id = tail.id
     chat.modified_at = utcnow()
@@ -116,7 +116,7 @@ async def _own_answer(
     chat = await get_own_chat(session, user, chat_id)
     message = await get_chat_message(session, chat, message_id)
     if message.role != Role.assistant:
-        raise ApiError(400, "not_assistant_message", f"only assistant messages can be {action}")
+        raise InvalidRequest("not_assistant_message", f"only assistant messages can be {action}")
     return chat, message
 
 
@@ -171,7 +171,7 @@ async def evaluate(
     chat, selected = await _own_answer(session, user, chat_id, message_id, "evaluated")
     inferior = set(body.inferior_message_ids)
     if selected.id in inferior:
-        raise ApiError(400, "invalid_evaluation", "a message cannot be inferior to itself")
+        raise InvalidRequest("invalid_evaluation", "a message cannot be inferior to itself")
     siblings = set(
         (
             await session.exec(
@@ -185,8 +185,7 @@ async def evaluate(
     )
     strangers = sorted(inferior - siblings)
     if strangers:
-        raise ApiError(
-            400,
+        raise InvalidRequest(
             "invalid_evaluation",
             f"not other answers to the same prompt in this chat: {', '.join(strangers)}",
         )

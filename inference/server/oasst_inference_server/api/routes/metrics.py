@@ -14,7 +14,7 @@ from oasst_inference_server import metrics
 from oasst_inference_server.api.deps import BrokerDep, SessionFactoryDep, SettingsDep
 from oasst_inference_server.api.responses import error
 from oasst_inference_server.dispatch.queue_status import queue_status
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import NotAuthenticated
 
 _metrics_bearer = HTTPBearer(auto_error=False, scheme_name="MetricsToken")
 
@@ -28,7 +28,7 @@ async def require_metrics_token(
         return
     given = credentials.credentials if credentials is not None else ""
     if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise ApiError(401, "not_authenticated", "metrics token required", {"WWW-Authenticate": "Bearer"})
+        raise NotAuthenticated("not_authenticated", "metrics token required", bearer=True)
 
 
 router = APIRouter(tags=["health"])

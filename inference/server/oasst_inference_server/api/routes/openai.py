@@ -1,7 +1,7 @@
 """The OpenAI-compatible API: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``.
 
 Authenticate with a user's API key (``Authorization: Bearer oak-...``) or access token. Errors have
-OpenAI's shape and status codes (see :mod:`oasst_inference_server.errors`).
+OpenAI's shape and status codes (see :mod:`oasst_inference_server.api.error_handlers`).
 """
 
 from __future__ import annotations
@@ -303,7 +303,6 @@ async def embeddings(
     body: EmbeddingRequest,
     caller: ApiCaller,
     session: SessionDep,
-    settings: SettingsDep,
     service: OpenAIServiceDep,
 ) -> EmbeddingResponse:
     """Embed each input with an embedding model's workers (one vector per input, in input order)."""
