@@ -21,7 +21,6 @@ What is kept of a request (``store_api_conversations``):
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from contextlib import aclosing
 from datetime import timedelta
@@ -29,6 +28,7 @@ from typing import Any
 
 import anyio
 from loguru import logger
+from pydantic import TypeAdapter
 from sqlalchemy import null, or_, update
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -48,13 +48,24 @@ from oasst_inference_server.domain_errors import (
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.event_reader import read_message_events
 from oasst_inference_server.submission import SubmissionService
+from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ModelKind
 from oasst_shared.protocol import ChatTurn
 from oasst_shared.sampling import SamplingParameters
-from oasst_shared.schemas import MessageRead, MessageState, Role
+from oasst_shared.schemas import (
+    ErrorEvent,
+    MessageEvent,
+    MessageRead,
+    MessageState,
+    RetryEvent,
+    Role,
+    StreamEvent,
+    TokenEvent,
+)
 from oasst_shared.tool_calls import ToolChoice, ToolDefinition
 
 IsDisconnected = Callable[[], Awaitable[bool]]
+_STREAM_EVENT: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)
 
 API_KINDS = ("completion", "embedding")
 _TERMINAL_STATES = tuple(s for s in MessageState if s.is_terminal and s != MessageState.manual)
@@ -67,10 +78,10 @@ class ClientGone(Exception):
     """The client disconnected before the answer was ready."""
 
 
-def generation_failure(event: dict[str, Any]) -> GenerationFailed:
+def generation_failure(event: ErrorEvent) -> GenerationFailed:
     """The error to report for a terminal ``error`` event."""
-    state = (event.get("message") or {}).get("state") or "failed"
-    return GenerationFailed(f"generation_{state}", f"the generation failed: {event.get('error') or state}")
+    state = event.message.state.value if event.message is not None else "failed"
+    return GenerationFailed(f"generation_{state}", f"the generation failed: {event.error or state}")
 
 
 class OpenAIService:
@@ -228,7 +239,7 @@ class OpenAIService:
     # ------------------------------------------------------------ following a request
     async def events(
         self, message_id: str, is_disconnected: IsDisconnected
-    ) -> AsyncGenerator[list[dict[str, Any]], None]:
+    ) -> AsyncGenerator[list[StreamEvent], None]:
         """The message's events, decoded, in batches (one per broker read); ends after the terminal
         one, or early if the client left."""
         reader = read_message_events(
@@ -236,13 +247,13 @@ class OpenAIService:
         )
         async with aclosing(reader) as batches:
             async for batch in batches:
-                yield [json.loads(entry["data"]) for entry in batch]
+                yield [_STREAM_EVENT.validate_json(entry["data"]) for entry in batch]
 
     async def wait(
         self,
         message: DbMessage,
         is_disconnected: IsDisconnected,
-        logprobs: list[dict[str, Any]] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> MessageRead:
         """Wait for the finished message; raise its failure (``GenerationFailed``), or ``ClientGone``.
 
@@ -253,16 +264,15 @@ class OpenAIService:
             async with aclosing(self.events(message.id, is_disconnected)) as batches:
                 async for batch in batches:
                     for event in batch:
-                        kind = event["event_type"]
                         if logprobs is not None:
-                            if kind == "token":
-                                logprobs.extend(event.get("logprobs") or [])
-                            elif kind == "retry":
+                            if isinstance(event, TokenEvent):
+                                logprobs.extend(event.logprobs or [])
+                            elif isinstance(event, RetryEvent):
                                 logprobs.clear()  # the tokens before a retry are discarded
-                        if kind == "message":
+                        if isinstance(event, MessageEvent):
                             finished = True
-                            return MessageRead.model_validate(event["message"])
-                        if kind == "error":
+                            return event.message
+                        if isinstance(event, ErrorEvent):
                             finished = True
                             raise generation_failure(event)
                     if await is_disconnected():

@@ -123,7 +123,7 @@ def _check_capabilities(
 
 
 async def _answer(
-    service: OpenAIService, message: DbMessage, request: Request, logprobs: list[dict[str, Any]] | None = None
+    service: OpenAIService, message: DbMessage, request: Request, logprobs: list[TokenLogprob] | None = None
 ) -> MessageRead:
     try:
         return await service.wait(message, request.is_disconnected, logprobs)
@@ -133,12 +133,12 @@ async def _answer(
 
 async def _answers(
     service: OpenAIService, messages: list[DbMessage], request: Request, logprobs: bool
-) -> list[tuple[MessageRead, list[dict[str, Any]] | None]]:
+) -> list[tuple[MessageRead, list[TokenLogprob] | None]]:
     """Every message's answer (and logprobs), waited for together; the first failure cancels the rest."""
-    results: list[tuple[MessageRead, list[dict[str, Any]] | None] | None] = [None] * len(messages)
+    results: list[tuple[MessageRead, list[TokenLogprob] | None] | None] = [None] * len(messages)
 
     async def one(index: int, message: DbMessage) -> None:
-        collected: list[dict[str, Any]] | None = [] if logprobs else None
+        collected: list[TokenLogprob] | None = [] if logprobs else None
         results[index] = (await _answer(service, message, request, collected), collected)
 
     tasks = [asyncio.ensure_future(one(index, message)) for index, message in enumerate(messages)]
@@ -151,34 +151,24 @@ async def _answers(
     return [r for r in results if r is not None]
 
 
-def _chat_choice(
-    index: int, final: MessageRead, logprobs: list[dict[str, Any]] | None
-) -> ChatCompletionChoice:
+def _chat_choice(index: int, final: MessageRead, logprobs: list[TokenLogprob] | None) -> ChatCompletionChoice:
     calls = final.tool_calls
     return ChatCompletionChoice(
         index=index,
         message=AssistantMessage(content=None if calls else final.content or "", tool_calls=calls),
         finish_reason=openai_finish_reason(final.finish_reason, bool(calls)),
-        logprobs=(
-            ChoiceLogprobs(content=[TokenLogprob.model_validate(e) for e in logprobs])
-            if logprobs is not None
-            else None
-        ),
+        logprobs=(ChoiceLogprobs(content=logprobs) if logprobs is not None else None),
     )
 
 
 def _completion_choice(
-    index: int, final: MessageRead, logprobs: list[dict[str, Any]] | None
+    index: int, final: MessageRead, logprobs: list[TokenLogprob] | None
 ) -> CompletionChoice:
     return CompletionChoice(
         index=index,
         text=final.content or "",
         finish_reason=openai_finish_reason(final.finish_reason),
-        logprobs=(
-            CompletionLogprobs.of([TokenLogprob.model_validate(e) for e in logprobs])
-            if logprobs is not None
-            else None
-        ),
+        logprobs=(CompletionLogprobs.of(logprobs) if logprobs is not None else None),
     )
 
 
