@@ -34,10 +34,16 @@ class MessageState(str, enum.Enum):
     def is_terminal(self) -> bool:
         return self not in (MessageState.pending, MessageState.in_progress)
 
+    def __str__(self) -> str:  # in text and logs, the value (as stored), not "MessageState.pending"
+        return self.value
+
 
 class Role(str, enum.Enum):
     prompter = "prompter"
     assistant = "assistant"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 class _Request(BaseModel):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +13,7 @@ from fastapi import FastAPI
 
 from oasst_inference_server.auth import oauth
 from oasst_inference_server.auth.trusted_client import TrustedClient, encode_trusted_client
-from oasst_inference_server.broker import WorkerSessionRecord
+from oasst_inference_server.broker import WorkerSession
 from oasst_shared.model_configs import SMOLLM2_135M
 
 API = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.asyncio(loop_scope="session")]
@@ -171,17 +170,13 @@ async def register_live_model(app: FastAPI) -> str:
     stay pending (and count towards its queue only). Returns its name."""
     name = f"test-model-{uuid.uuid4().hex[:6]}"
     config = SMOLLM2_135M.model_copy(update={"name": name})
-    data = {
-        "model_config": config.model_dump(mode="json"),
-        "max_parallel_requests": 2,
-        "free_slots": 0,
-        "in_flight": [],
-        "backend_kind": "fake",
-        "backend_healthy": True,
-        "draining": False,
-        "worker_version": "test",
-        "connected_at": 0.0,
-    }
-    record = WorkerSessionRecord(f"ws-test-{uuid.uuid4().hex[:8]}", name, json.dumps(data))
-    await app.state.broker.put_worker_session(record, ttl=3600)
+    live = WorkerSession(
+        model_config=config,
+        max_parallel_requests=2,
+        free_slots=0,
+        backend_kind="fake",
+        worker_version="test",
+        connected_at=0.0,
+    )
+    await app.state.broker.put_worker_session(live.record(f"ws-test-{uuid.uuid4().hex[:8]}"), ttl=3600)
     return name

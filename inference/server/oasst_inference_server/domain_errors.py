@@ -6,14 +6,25 @@ machine-readable ``code`` (what clients branch on, e.g. ``invalid_refresh_token`
 people.
 
     DomainError
-    ├── InvalidRequest      the request cannot be served as asked: a bad cursor, a foreign OAuth state (400)
-    ├── InvalidValue        a value breaks a documented bound: settings too large (422)
+    ├── InvalidRequest      the request cannot be served as asked: a bad cursor, a foreign OAuth state,
+    │                       a parent message that does not fit, too many messages in a request (400)
+    ├── InvalidValue        a value breaks a documented bound: settings, a message or a system prompt
+    │                       too long (422)
     ├── NotAuthenticated    no valid credentials: expired or forged token, unknown user (401)
+    ├── NotPermitted        the caller is known but may not do this: a disabled feature, a wrong admin
+    │                       token, a priority from an untrusted client (403)
     ├── NotFound            the thing named does not exist, or is not the caller's (404)
-    ├── Conflict            the state of the data refuses the change (409)
+    ├── Conflict            the state of the data refuses the change: a full chat, too many chats (409)
+    ├── RateLimited         the caller has too much going on: generations per minute or at once, open
+    │                       event streams; ``retry_after`` says when to ask again (429)
+    ├── ServiceUnavailable  the service cannot take the request now: no worker serves the model, its
+    │                       queue is full; ``retry_after`` where it is known (503)
+    ├── GenerationFailed    the work was accepted but failed: the worker reported an error, or
+    │                       answered nothing usable (500)
     └── UpstreamFailed      a service this one depends on failed: an OAuth provider (502)
 
-``ApiError`` (:mod:`.errors`) remains for the modules not converted yet: it carries its HTTP status.
+``ApiError`` (:mod:`.errors`) is the HTTP form the mapping produces; a route raises it itself only for
+what is HTTP alone (499, the client closed the connection).
 """
 
 from __future__ import annotations
@@ -43,12 +54,36 @@ class NotAuthenticated(DomainError):
         self.bearer = bearer
 
 
+class NotPermitted(DomainError):
+    """The caller is known but may not do this."""
+
+
 class NotFound(DomainError):
     """The thing named does not exist, or is not the caller's."""
 
 
 class Conflict(DomainError):
     """The state of the data refuses the change."""
+
+
+class RateLimited(DomainError):
+    """The caller has reached a per-user limit; asking again after ``retry_after`` seconds may succeed."""
+
+    def __init__(self, code: str, detail: str, *, retry_after: int):
+        super().__init__(code, detail)
+        self.retry_after = retry_after
+
+
+class ServiceUnavailable(DomainError):
+    """The service cannot take the request now; ``retry_after`` (seconds), where it is known."""
+
+    def __init__(self, code: str, detail: str, *, retry_after: int | None = None, param: str | None = None):
+        super().__init__(code, detail, param=param)
+        self.retry_after = retry_after
+
+
+class GenerationFailed(DomainError):
+    """The work was accepted but failed, or its worker answered nothing usable."""
 
 
 class UpstreamFailed(DomainError):

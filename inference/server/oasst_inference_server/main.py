@@ -35,7 +35,9 @@ from oasst_inference_server.dispatch.dispatcher import Dispatchers
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
+from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.settings import Settings, get_settings
+from oasst_inference_server.submission import SubmissionService
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -63,6 +65,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.registry = WorkerRegistry(broker)
         app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
         app.state.dispatchers = Dispatchers(broker, app.state.lifecycle)
+        app.state.submission = SubmissionService(settings, app.state.lifecycle, app.state.registry)
+        app.state.openai_service = OpenAIService(
+            settings, session_factory, broker, app.state.lifecycle, app.state.registry, app.state.submission
+        )
         recovery = RecoveryLoop(session_factory, broker, app.state.lifecycle, app.state.registry, settings)
         recovery_task = asyncio.create_task(recovery.run(), name="recovery")
         logger.info(

@@ -12,17 +12,16 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.chats.chat_store import count_chat_messages
 from oasst_inference_server.db.models import DbMessage
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import Conflict, InvalidValue, ServiceUnavailable
 from oasst_inference_server.settings import Settings
 from oasst_shared.schemas import MessageState
 
-QUEUE_FULL_RETRY_AFTER = "10"
+QUEUE_FULL_RETRY_AFTER = 10  # seconds
 
 
 def check_message_length(settings: Settings, content: str) -> None:
     if len(content) > settings.max_message_length:
-        raise ApiError(
-            422,
+        raise InvalidValue(
             "message_too_long",
             f"the message has {len(content)} characters; this server accepts {settings.max_message_length}",
         )
@@ -30,27 +29,25 @@ def check_message_length(settings: Settings, content: str) -> None:
 
 async def check_chat_capacity(session: AsyncSession, settings: Settings, chat_id: str) -> None:
     if await count_chat_messages(session, chat_id) >= settings.max_messages_per_chat:
-        raise ApiError(
-            409,
+        raise Conflict(
             "chat_full",
             f"the chat has reached {settings.max_messages_per_chat} messages: start a new chat",
         )
 
 
 async def check_queue_capacity(session: AsyncSession, settings: Settings, model_config_name: str) -> None:
-    """503 with Retry-After while ``max_queue_size`` messages already wait for the model."""
+    """ServiceUnavailable (with ``retry_after``) while ``max_queue_size`` messages already wait for the model."""
     pending = (
         await session.exec(
             select(func.count()).where(
-                DbMessage.state == MessageState.pending.value,
+                DbMessage.state == MessageState.pending,
                 DbMessage.model_config_name == model_config_name,
             )
         )
     ).one()
     if int(pending) >= settings.max_queue_size:
-        raise ApiError(
-            503,
+        raise ServiceUnavailable(
             "queue_full",
             f"{pending} messages already wait for {model_config_name!r}: try again later",
-            {"Retry-After": QUEUE_FULL_RETRY_AFTER},
+            retry_after=QUEUE_FULL_RETRY_AFTER,
         )

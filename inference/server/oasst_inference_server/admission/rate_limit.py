@@ -23,7 +23,7 @@ from sqlmodel.sql.expression import SelectOfScalar
 from oasst_inference_server.chats.usage_records import subject_of
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUsageRecord, DbUser, utcnow
 from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import RateLimited
 from oasst_inference_server.settings import Settings
 
 WINDOW = timedelta(minutes=1)
@@ -62,17 +62,16 @@ async def _recorded_since(session: AsyncSession, user_id: str, since: datetime) 
 
 
 async def check_generation_limits(session: AsyncSession, settings: Settings, user_id: str) -> None:
-    """Raise a 429 ``ApiError`` with ``Retry-After`` if the user may not start another generation now."""
+    """Raise ``RateLimited`` (with ``retry_after``) if the user may not start another generation now."""
     if settings.max_concurrent_generations_per_user:
         active = DbMessage.state.in_(ACTIVE_STATES)
         running = await _count(session, user_id, active)
         if running >= settings.max_concurrent_generations_per_user:
-            raise ApiError(
-                429,
+            raise RateLimited(
                 "too_many_concurrent_generations",
                 f"{running} of your generations are still running (the limit is "
                 f"{settings.max_concurrent_generations_per_user}): wait for one to finish",
-                {"Retry-After": str(_CONCURRENCY_RETRY_AFTER)},
+                retry_after=_CONCURRENCY_RETRY_AFTER,
             )
     limit = settings.rate_limit_per_minute
     if limit:
@@ -90,9 +89,8 @@ async def check_generation_limits(session: AsyncSession, settings: Settings, use
             # Once the oldest requests leave the window, one more fits.
             frees_at = recent[len(recent) - limit] + WINDOW
             retry_after = max(1, math.ceil((frees_at - now).total_seconds()))
-            raise ApiError(
-                429,
+            raise RateLimited(
                 "rate_limited",
                 f"rate limit reached: {limit} generations per minute; retry in {retry_after}s",
-                {"Retry-After": str(retry_after)},
+                retry_after=retry_after,
             )

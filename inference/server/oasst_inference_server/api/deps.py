@@ -1,13 +1,20 @@
-"""FastAPI dependencies, as annotated aliases so route signatures read like sentences."""
+"""FastAPI dependencies, as annotated aliases so route signatures read like sentences.
+
+The services are built once, at startup (``main.create_app``'s lifespan keeps them on ``app.state``);
+routes reach them only through these aliases (``LifecycleDep``, ``SubmissionDep``...), which work on
+HTTP requests and websockets alike.
+"""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from typing import Annotated
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any
 
-from fastapi import Depends, Request
+from fastapi import Depends
 from fastapi.security import APIKeyHeader, HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
+from starlette.requests import HTTPConnection
 
 from oasst_inference_server.api.scheduling_options import (
     PriorityHeader,
@@ -21,32 +28,40 @@ from oasst_inference_server.auth.signed_tokens import verify_token
 from oasst_inference_server.auth.trusted_client import TRUSTED_CLIENT_HEADER, trusted_client_user
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.db.models import DbUser
+from oasst_inference_server.dispatch.dispatcher import Dispatchers
+from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import NotAuthenticated
+from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.settings import Settings
+from oasst_inference_server.submission import SubmissionService
 from oasst_shared.schemas import SchedulingRequest
 
 
-def get_settings_dep(request: Request) -> Settings:
-    return request.app.state.settings
+def _from_app_state(name: str) -> Callable[[HTTPConnection], Any]:
+    """A dependency that returns what the lifespan stored as ``app.state.<name>``."""
+
+    def dependency(connection: HTTPConnection) -> Any:
+        return getattr(connection.app.state, name)
+
+    dependency.__name__ = f"get_{name}"
+    return dependency
 
 
-def get_broker(request: Request) -> Broker:
-    return request.app.state.broker
-
-
-def get_registry(request: Request) -> WorkerRegistry:
-    return request.app.state.registry
-
-
-async def get_db(request: Request) -> AsyncIterator[AsyncSession]:
-    async with request.app.state.session_factory() as session:
+async def get_db(connection: HTTPConnection) -> AsyncIterator[AsyncSession]:
+    async with connection.app.state.session_factory() as session:
         yield session
 
 
-SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
-BrokerDep = Annotated[Broker, Depends(get_broker)]
-RegistryDep = Annotated[WorkerRegistry, Depends(get_registry)]
+SettingsDep = Annotated[Settings, Depends(_from_app_state("settings"))]
+BrokerDep = Annotated[Broker, Depends(_from_app_state("broker"))]
+RegistryDep = Annotated[WorkerRegistry, Depends(_from_app_state("registry"))]
+LifecycleDep = Annotated[MessageLifecycle, Depends(_from_app_state("lifecycle"))]
+DispatchersDep = Annotated[Dispatchers, Depends(_from_app_state("dispatchers"))]
+SubmissionDep = Annotated[SubmissionService, Depends(_from_app_state("submission"))]
+OpenAIServiceDep = Annotated[OpenAIService, Depends(_from_app_state("openai_service"))]
+# For work that outlives a request's session (a websocket's whole life, a report over many queries).
+SessionFactoryDep = Annotated[async_sessionmaker[AsyncSession], Depends(_from_app_state("session_factory"))]
 SessionDep = Annotated[AsyncSession, Depends(get_db)]
 
 _bearer = HTTPBearer(auto_error=False)
@@ -57,18 +72,16 @@ async def _user_of_access_token(settings: Settings, session: AsyncSession, token
     user_id, generation = verify_token(settings, token, "access")
     user = await session.get(DbUser, user_id)
     if user is None or user.deleted:
-        raise ApiError(401, "invalid_token", "unknown user", {"WWW-Authenticate": "Bearer"})
+        raise NotAuthenticated("invalid_token", "unknown user", bearer=True)
     if generation != user.token_generation:
-        raise ApiError(
-            401, "token_revoked", "this token was revoked: sign in again", {"WWW-Authenticate": "Bearer"}
-        )
+        raise NotAuthenticated("token_revoked", "this token was revoked: sign in again", bearer=True)
     return user
 
 
 async def _user_of_api_key(session: AsyncSession, key: str) -> tuple[DbUser, str]:
     found = await authenticate_api_key(session, key)
     if found is None:
-        raise ApiError(401, "invalid_api_key", "invalid or revoked API key", {"WWW-Authenticate": "Bearer"})
+        raise NotAuthenticated("invalid_api_key", "invalid or revoked API key", bearer=True)
     user, row = found
     return user, row.id
 
@@ -84,7 +97,7 @@ async def get_signed_in_user(
     if trusted_client is not None:
         return await trusted_client_user(session, settings, trusted_client)
     if credentials is None or credentials.scheme.lower() != "bearer":
-        raise ApiError(401, "not_authenticated", "not authenticated", {"WWW-Authenticate": "Bearer"})
+        raise NotAuthenticated("not_authenticated", "not authenticated", bearer=True)
     return await _user_of_access_token(settings, session, credentials.credentials)
 
 
@@ -126,12 +139,7 @@ async def get_caller(
 ) -> Caller:
     """Accept an API key (``Authorization: Bearer oak-...``) or a user's access token."""
     if credentials is None or credentials.scheme.lower() != "bearer":
-        raise ApiError(
-            401,
-            "missing_api_key",
-            "no API key: send Authorization: Bearer <key>",
-            {"WWW-Authenticate": "Bearer"},
-        )
+        raise NotAuthenticated("missing_api_key", "no API key: send Authorization: Bearer <key>", bearer=True)
     token = credentials.credentials
     if is_api_key(token):
         user, key_id = await _user_of_api_key(session, token)

@@ -39,8 +39,12 @@ DOMAIN_STATUS: dict[type[de.DomainError], int] = {
     de.InvalidRequest: 400,
     de.InvalidValue: 422,
     de.NotAuthenticated: 401,
+    de.NotPermitted: 403,
     de.NotFound: 404,
     de.Conflict: 409,
+    de.RateLimited: 429,
+    de.ServiceUnavailable: 503,
+    de.GenerationFailed: 500,
     de.UpstreamFailed: 502,
 }
 
@@ -48,7 +52,11 @@ DOMAIN_STATUS: dict[type[de.DomainError], int] = {
 def to_api_error(exc: de.DomainError) -> ApiError:
     """The HTTP form of a domain error."""
     status = next(s for cls, s in DOMAIN_STATUS.items() if isinstance(exc, cls))
-    headers = {"WWW-Authenticate": "Bearer"} if isinstance(exc, de.NotAuthenticated) and exc.bearer else None
+    headers: dict[str, str] | None = None
+    if isinstance(exc, de.NotAuthenticated) and exc.bearer:
+        headers = {"WWW-Authenticate": "Bearer"}
+    elif isinstance(exc, de.RateLimited | de.ServiceUnavailable) and exc.retry_after is not None:
+        headers = {"Retry-After": str(exc.retry_after)}
     return ApiError(status, exc.code, exc.detail, headers, param=exc.param)
 
 

@@ -15,7 +15,7 @@ from typing import Annotated
 from fastapi import Header
 
 from oasst_inference_server.auth.trusted_client import TRUSTED_CLIENT_HEADER, is_trusted_header
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import InvalidValue, NotPermitted
 from oasst_inference_server.settings import Settings
 from oasst_shared.schemas import SchedulingRequest
 
@@ -26,14 +26,14 @@ def parse_scheduling_request(
     requested = SchedulingRequest()
     if priority is not None:
         if trusted_client is None or not is_trusted_header(settings, trusted_client):
-            raise ApiError(403, "priority_not_allowed", "only trusted clients may set X-Priority")
+            raise NotPermitted("priority_not_allowed", "only trusted clients may set X-Priority")
         try:
             value = int(priority.strip())
         except ValueError:
-            raise ApiError(422, "invalid_priority", "X-Priority must be an integer") from None
+            raise InvalidValue("invalid_priority", "X-Priority must be an integer") from None
         bound = settings.max_request_priority
         if abs(value) > bound:
-            raise ApiError(422, "invalid_priority", f"X-Priority must be within [-{bound}, {bound}]")
+            raise InvalidValue("invalid_priority", f"X-Priority must be within [-{bound}, {bound}]")
         requested.priority = value
     if queue_timeout is not None:
         try:
@@ -41,8 +41,7 @@ def parse_scheduling_request(
         except ValueError:
             seconds = math.nan
         if not math.isfinite(seconds) or not 0 < seconds <= settings.queue_timeout:
-            raise ApiError(
-                422,
+            raise InvalidValue(
                 "invalid_queue_timeout",
                 f"X-Queue-Timeout must be seconds in (0, {settings.queue_timeout:g}]",
             )

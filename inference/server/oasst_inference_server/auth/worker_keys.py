@@ -6,7 +6,6 @@ Keys are random, shown once, and stored as SHA-256 hashes. Workers may also use 
 
 from __future__ import annotations
 
-import json
 import secrets
 from typing import Any
 
@@ -16,7 +15,7 @@ from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.refresh_tokens import hash_secret
-from oasst_inference_server.broker import Broker
+from oasst_inference_server.broker import Broker, WorkerSession
 from oasst_inference_server.db.models import DbWorker, DbWorkerEvent
 from oasst_inference_server.settings import Settings
 from oasst_shared.protocol import WorkerInfo
@@ -82,11 +81,8 @@ async def live_sessions_of(broker: Broker, worker_id: str) -> list[str]:
     """The session ids of the worker's open sockets, on every replica."""
     sessions = []
     for record in await broker.list_worker_sessions():
-        try:
-            owner = json.loads(record.data).get("worker_id")
-        except (ValueError, AttributeError):
-            continue
-        if owner == worker_id:
+        session = WorkerSession.of(record)
+        if session is not None and session.worker_id == worker_id:
             sessions.append(record.session_id)
     return sessions
 

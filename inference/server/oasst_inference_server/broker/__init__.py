@@ -12,6 +12,7 @@ from oasst_inference_server.broker.fair import QueuedHint, QueueSnapshot, dispat
 from oasst_inference_server.broker.keys import StreamId, is_stream_id, parse_stream_id, stream_id_after
 from oasst_inference_server.broker.memory import InMemoryBroker
 from oasst_inference_server.broker.redis import RedisBroker
+from oasst_inference_server.broker.worker_session import WorkerSession
 
 _REDIS_SCHEMES = ("redis", "rediss", "unix")
 
@@ -61,6 +62,7 @@ __all__ = [
     "RedisBroker",
     "StreamEntry",
     "StreamId",
+    "WorkerSession",
     "WorkerSessionRecord",
     "create_broker",
     "dispatch_order",

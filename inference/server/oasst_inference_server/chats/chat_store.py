@@ -37,6 +37,14 @@ async def get_chat_message(session: AsyncSession, chat: DbChat, message_id: str)
     return message
 
 
+async def get_parent_message(session: AsyncSession, chat: DbChat, parent_id: str) -> DbMessage:
+    """The message of ``chat`` a new message answers (``InvalidRequest`` if it is not in the chat)."""
+    parent = await session.get(DbMessage, parent_id)
+    if parent is None or parent.chat_id != chat.id:
+        raise InvalidRequest("parent_not_found", f"parent message {parent_id} is not in this chat")
+    return parent
+
+
 async def chat_messages(session: AsyncSession, chat_id: str) -> list[DbMessage]:
     result = await session.exec(
         select(DbMessage).where(DbMessage.chat_id == chat_id).order_by(DbMessage.created_at, DbMessage.id)

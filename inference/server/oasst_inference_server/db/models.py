@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import enum
 import uuid
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Generic, TypeVar
 
-from sqlalchemy import JSON, Column, Index, UniqueConstraint
+from sqlalchemy import JSON, Column, Dialect, Index, String, TypeDecorator, UniqueConstraint
 from sqlmodel import Field, SQLModel
+
+from oasst_shared.schemas import MessageState, Role
+
+E = TypeVar("E", bound=enum.Enum)
 
 
 def utcnow() -> datetime:
@@ -16,6 +21,24 @@ def utcnow() -> datetime:
 
 def new_id() -> str:
     return str(uuid.uuid4())
+
+
+class StoredEnum(TypeDecorator[E], Generic[E]):
+    """An enum kept as its value in a plain string column: the schema is the same as a string's, and the
+    code reads and writes the enum (a string is accepted on the way in, e.g. from a test or a script)."""
+
+    impl = String
+    cache_ok = True
+
+    def __init__(self, enum_type: type[E], length: int) -> None:
+        super().__init__(length=length)
+        self.enum_type = enum_type
+
+    def process_bind_param(self, value: E | str | None, dialect: Dialect) -> str | None:
+        return None if value is None else self.enum_type(value).value
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> E | None:
+        return None if value is None else self.enum_type(value)
 
 
 class DbUser(SQLModel, table=True):
@@ -65,9 +88,9 @@ class DbMessage(SQLModel, table=True):
     user_id: str | None = Field(default=None, foreign_key="user.id", max_length=36, index=True)
     api_key_id: str | None = Field(default=None, max_length=36, index=True)
     parent_id: str | None = Field(default=None, foreign_key="message.id", max_length=36)
-    role: str = Field(max_length=16)  # a oasst_shared.schemas.Role value
+    role: Role = Field(sa_type=StoredEnum(Role, 16))
     content: str | None = None
-    state: str = Field(max_length=32, index=True)  # a MessageState value
+    state: MessageState = Field(sa_type=StoredEnum(MessageState, 32), index=True)
     error: str | None = None
     created_at: datetime = Field(default_factory=utcnow)
     # Generation bookkeeping (assistant messages only).

@@ -120,7 +120,7 @@ class ModelDispatcher:
         if any(c.kv_cache_free_tokens is not None for c in capacities):
             # Only the KV-cache check needs the job's size (the ranking by speed does not).
             message = await self._lifecycle.get(message_id)
-            if message is None or message.state != MessageState.pending.value:
+            if message is None or message.state != MessageState.pending:
                 return  # stale hint
             ticket = fair_share.stored_ticket(message)
             tokens = ticket.prompt_tokens + ticket.max_new_tokens if ticket else 0

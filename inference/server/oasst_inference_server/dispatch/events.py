@@ -2,15 +2,27 @@
 
 Events are encoded once, when appended to the broker; readers relay the stored JSON unchanged.
 The ``event_type`` field comes first so a reader can recognise a terminal event without parsing.
+
+Which events end a stream is ``oasst_shared.schemas.TERMINAL_EVENT_TYPES`` (``message`` or ``error``; the
+clients read the same rule); the server asks :func:`is_terminal` of a stored event and
+:func:`is_terminal_type` of a decoded one, never the types themselves.
 """
 
 from __future__ import annotations
 
 import json
 
-from oasst_shared.schemas import ErrorEvent, GapEvent, MessageEvent, MessageRead, PendingEvent, RetryEvent
+from oasst_shared.schemas import (
+    TERMINAL_EVENT_TYPES,
+    ErrorEvent,
+    GapEvent,
+    MessageEvent,
+    MessageRead,
+    PendingEvent,
+    RetryEvent,
+)
 
-_TERMINAL_PREFIXES = ('{"event_type":"message"', '{"event_type":"error"')
+_TERMINAL_PREFIXES = tuple(f'{{"event_type":"{kind}"' for kind in sorted(TERMINAL_EVENT_TYPES))
 
 
 def stream_name(message_id: str) -> str:
@@ -60,4 +72,10 @@ def error_event(error: str, message: MessageRead | None) -> str:
 
 
 def is_terminal(data: str) -> bool:
+    """Whether a stored (encoded) event ends its stream."""
     return data.startswith(_TERMINAL_PREFIXES)
+
+
+def is_terminal_type(event_type: str) -> bool:
+    """Whether an event of this type ends its stream."""
+    return event_type in TERMINAL_EVENT_TYPES

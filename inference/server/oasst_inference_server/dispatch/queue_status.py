@@ -7,7 +7,6 @@ the token counts of the messages that finished within the window.
 
 from __future__ import annotations
 
-import json
 from datetime import timedelta
 
 from sqlalchemy import func
@@ -15,7 +14,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from oasst_inference_server.broker import Broker, BrokerError
+from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
 from oasst_inference_server.dispatch import events
 from oasst_shared.schemas import (
@@ -41,7 +40,7 @@ async def queue_status(
         pending = (
             await session.exec(
                 select(DbMessage.model_config_name, func.count(), func.min(DbMessage.enqueued_at))
-                .where(DbMessage.state == MessageState.pending.value)
+                .where(DbMessage.state == MessageState.pending)
                 .group_by(DbMessage.model_config_name)
             )
         ).all()
@@ -76,18 +75,19 @@ async def queue_status(
     except BrokerError:
         sessions = []
     for record in sessions:
-        data = json.loads(record.data)
-        model(record.model_config_name).workers.append(
-            WorkerLoad(
+        load = WorkerLoad(session_id=record.session_id)
+        worker = WorkerSession.of(record)
+        if worker is not None:
+            load = WorkerLoad(
                 session_id=record.session_id,
-                max_parallel_requests=data.get("max_parallel_requests"),
-                in_flight=len(data.get("in_flight") or []),
-                free_slots=data.get("free_slots"),
-                kv_cache_free_tokens=data.get("kv_cache_free_tokens"),
-                backend_queue_length=data.get("backend_queue_length"),
-                tokens_per_second=data.get("tokens_per_second"),
+                max_parallel_requests=worker.max_parallel_requests,
+                in_flight=len(worker.in_flight),
+                free_slots=worker.free_slots,
+                kv_cache_free_tokens=worker.kv_cache_free_tokens,
+                backend_queue_length=worker.backend_queue_length,
+                tokens_per_second=worker.tokens_per_second,
             )
-        )
+        model(record.model_config_name).workers.append(load)
     for status in models.values():
         try:
             snapshot = await broker.queue_snapshot(events.work_queue_name(status.model_config_name))

@@ -88,7 +88,7 @@ class RecoveryLoop:
             expired = (
                 await session.exec(
                     select(DbMessage.id, DbMessage.worker_session_id, DbMessage.lease_deadline).where(
-                        DbMessage.state == MessageState.in_progress.value,
+                        DbMessage.state == MessageState.in_progress,
                         or_(DbMessage.lease_deadline < now, DbMessage.generation_deadline < now),
                     )
                 )
@@ -115,7 +115,7 @@ class RecoveryLoop:
         async with self._sessions() as session:
             rows = await session.exec(
                 select(DbMessage)
-                .where(DbMessage.state == MessageState.pending.value, DbMessage.enqueued_at < cutoff)
+                .where(DbMessage.state == MessageState.pending, DbMessage.enqueued_at < cutoff)
                 .order_by(DbMessage.enqueued_at)
             )
             return list(rows.all())

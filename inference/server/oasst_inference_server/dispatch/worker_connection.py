@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import json
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -31,7 +30,7 @@ from pydantic import BaseModel
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from oasst_inference_server import metrics
-from oasst_inference_server.broker import Broker, BrokerError, WorkerSessionRecord
+from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.capacity import WorkerCapacity
 from oasst_inference_server.dispatch.dispatcher import ModelDispatcher
@@ -522,23 +521,22 @@ class WorkerConnection:
             await self.websocket.send_text(text)
 
     async def _publish_session(self) -> None:
-        data = {
-            "model_config": self.info.model_config_.model_dump(mode="json"),
-            "max_parallel_requests": self.info.max_parallel_requests,
-            "free_slots": self.free_slots,
-            "in_flight": sorted(self.in_flight),
-            "backend_kind": self.info.backend_kind,
-            "backend_healthy": self.backend_healthy,
-            "draining": self.draining,
-            "worker_version": self.info.worker_version,
-            "capabilities": self.info.capabilities.model_dump(mode="json"),
-            "connected_at": self.connected_at,
-            "kv_cache_free_tokens": self.capacity.kv_cache_free_tokens,
-            "backend_queue_length": self.capacity.backend_queue_length,
-            "tokens_per_second": self.capacity.tokens_per_second,
-            "worker_id": self.worker_id,
-        }
-        record = WorkerSessionRecord(self.session_id, self.model_name, json.dumps(data))
+        record = WorkerSession(
+            model_config=self.info.model_config_,
+            max_parallel_requests=self.info.max_parallel_requests,
+            free_slots=self.free_slots,
+            in_flight=sorted(self.in_flight),
+            backend_kind=self.info.backend_kind,
+            backend_healthy=self.backend_healthy,
+            draining=self.draining,
+            worker_version=self.info.worker_version,
+            capabilities=self.info.capabilities,
+            connected_at=self.connected_at,
+            kv_cache_free_tokens=self.capacity.kv_cache_free_tokens,
+            backend_queue_length=self.capacity.backend_queue_length,
+            tokens_per_second=self.capacity.tokens_per_second,
+            worker_id=self.worker_id,
+        ).record(self.session_id)
         try:
             await self._broker.put_worker_session(record, ttl=self._settings.worker_ping_timeout * 2)
         except BrokerError as exc:

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
-from oasst_inference_server.broker import Broker
+from oasst_inference_server.broker import Broker, WorkerSession
 from oasst_shared.model_configs import MODEL_CONFIGS, ModelConfig
 from oasst_shared.protocol import WorkerCapabilities
 
@@ -28,17 +27,14 @@ class WorkerRegistry:
         models: dict[str, LiveModel] = {}
         capabilities: dict[str, list[WorkerCapabilities]] = {}
         for record in await self.broker.list_worker_sessions():
-            try:
-                data = json.loads(record.data)
-                config = ModelConfig.model_validate(data["model_config"])
-            except (ValueError, KeyError):
+            session = WorkerSession.of(record)
+            if session is None:
                 continue
+            config = session.model_config_
             live = models.setdefault(config.name, LiveModel(config=config))
             live.worker_count += 1
-            live.free_slots += int(data.get("free_slots", 0))
-            capabilities.setdefault(config.name, []).append(
-                WorkerCapabilities.model_validate(data.get("capabilities") or {})
-            )
+            live.free_slots += session.free_slots
+            capabilities.setdefault(config.name, []).append(session.capabilities)
         for name, each in capabilities.items():
             models[name].capabilities = WorkerCapabilities.common(each)
         return models

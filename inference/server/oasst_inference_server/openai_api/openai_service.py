@@ -21,7 +21,6 @@ What is kept of a request (``store_api_conversations``):
 from __future__ import annotations
 
 import asyncio
-import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from contextlib import aclosing
 from datetime import timedelta
@@ -29,6 +28,7 @@ from typing import Any
 
 import anyio
 from loguru import logger
+from pydantic import TypeAdapter
 from sqlalchemy import null, or_, update
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -37,22 +37,38 @@ from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.chats.chat_store import title_from_prompt
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
-from oasst_inference_server.dispatch import fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import (
+    GenerationFailed,
+    InvalidRequest,
+    NotFound,
+    ServiceUnavailable,
+)
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.event_reader import read_message_events
+from oasst_inference_server.submission import SubmissionService
+from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ModelKind
 from oasst_shared.protocol import ChatTurn
 from oasst_shared.sampling import SamplingParameters
-from oasst_shared.schemas import MessageRead, MessageState, Role
+from oasst_shared.schemas import (
+    ErrorEvent,
+    MessageEvent,
+    MessageRead,
+    MessageState,
+    RetryEvent,
+    Role,
+    StreamEvent,
+    TokenEvent,
+)
 from oasst_shared.tool_calls import ToolChoice, ToolDefinition
 
 IsDisconnected = Callable[[], Awaitable[bool]]
+_STREAM_EVENT: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)
 
 API_KINDS = ("completion", "embedding")
-_TERMINAL_STATES = tuple(s.value for s in MessageState if s.is_terminal and s != MessageState.manual)
+_TERMINAL_STATES = tuple(s for s in MessageState if s.is_terminal and s != MessageState.manual)
 _SWEEP_AGE = timedelta(minutes=10)  # answered long enough ago that no handler still reads it
 _ABANDONED_WAIT_SECONDS = 600.0
 _background: set[asyncio.Task[None]] = set()
@@ -62,10 +78,10 @@ class ClientGone(Exception):
     """The client disconnected before the answer was ready."""
 
 
-def generation_failure(event: dict[str, Any]) -> ApiError:
+def generation_failure(event: ErrorEvent) -> GenerationFailed:
     """The error to report for a terminal ``error`` event."""
-    state = (event.get("message") or {}).get("state") or "failed"
-    return ApiError(500, f"generation_{state}", f"the generation failed: {event.get('error') or state}")
+    state = event.message.state.value if event.message is not None else "failed"
+    return GenerationFailed(f"generation_{state}", f"the generation failed: {event.error or state}")
 
 
 class OpenAIService:
@@ -76,40 +92,40 @@ class OpenAIService:
         broker: Broker,
         lifecycle: MessageLifecycle,
         registry: WorkerRegistry,
+        submission: SubmissionService,
     ):
         self.settings = settings
         self._sessions = session_factory
         self._broker = broker
         self._lifecycle = lifecycle
         self._registry = registry
+        self._submission = submission
 
     # ------------------------------------------------------------ models
     async def live_models(self) -> dict[str, LiveModel]:
         return await self._registry.live_models()
 
     async def resolve_model(self, name: str, kind: ModelKind) -> LiveModel:
-        """The live model ``name`` of ``kind``: 404 if unknown, 503 if no worker serves it now."""
+        """The live model ``name`` of ``kind``: NotFound if unknown, ServiceUnavailable if no worker serves
+        it now, InvalidRequest if it is of another kind."""
         live = await self._registry.live_models()
         model = live.get(name)
         available = ", ".join(sorted(n for n, m in live.items() if m.config.kind == kind)) or "none"
         if model is None:
             if name in self._registry.known_model_names(live):
-                raise ApiError(
-                    503,
+                raise ServiceUnavailable(
                     "model_unavailable",
                     f"no worker serves the model {name!r} right now; available: {available}",
                     param="model",
                 )
-            raise ApiError(
-                404,
+            raise NotFound(
                 "model_not_found",
                 f"the model {name!r} does not exist; available models: {available}",
                 param="model",
             )
         if model.config.kind != kind:
             use = "/v1/embeddings" if model.config.kind == "embedding" else "/v1/chat/completions"
-            raise ApiError(
-                400,
+            raise InvalidRequest(
                 "wrong_model_kind",
                 f"{name!r} is a {model.config.kind} model: use {use} (available here: {available})",
                 param="model",
@@ -117,6 +133,10 @@ class OpenAIService:
         return model
 
     # ------------------------------------------------------------ submitting requests
+    async def admit(self, session: AsyncSession, caller: Caller, model: LiveModel) -> None:
+        """The caller's limits and the model's queue capacity, as on the chat API."""
+        await self._submission.admit(session, caller.user.id, model.config.name)
+
     async def submit_chat(
         self,
         session: AsyncSession,
@@ -137,7 +157,7 @@ class OpenAIService:
         message = self._new_message(
             caller, "completion", model, sampling, payload, system_prompt=system_prompt
         )
-        return await self._enqueue(session, message, thread)
+        return await self._submit(session, caller, message, thread)
 
     async def submit_completion(
         self,
@@ -148,13 +168,13 @@ class OpenAIService:
         prompt: str,
     ) -> DbMessage:
         message = self._new_message(caller, "completion", model, sampling, {"raw_prompt": prompt})
-        return await self._enqueue(session, message, [ChatTurn(role="user", content=prompt)])
+        return await self._submit(session, caller, message, [ChatTurn(role="user", content=prompt)])
 
     async def submit_embedding(
         self, session: AsyncSession, caller: Caller, model: LiveModel, inputs: list[str]
     ) -> DbMessage:
         message = self._new_message(caller, "embedding", model, None, {"inputs": inputs})
-        return await self._enqueue(session, message)
+        return await self._submit(session, caller, message)
 
     def _new_message(
         self,
@@ -170,14 +190,13 @@ class OpenAIService:
             kind=kind,
             user_id=caller.user.id,
             api_key_id=caller.api_key_id,
-            role=Role.assistant.value,
-            state=MessageState.pending.value,
+            role=Role.assistant,
+            state=MessageState.pending,
             model_config_name=model.config.name,
             sampling_parameters=sampling.model_dump(mode="json") if sampling else None,
             system_prompt=system_prompt,
             request_payload=payload,
             enqueued_at=utcnow(),
-            scheduling=caller.scheduling.model_dump(mode="json"),  # _enqueue turns it into a ticket
         )
 
     @staticmethod
@@ -194,9 +213,9 @@ class OpenAIService:
             stored = DbMessage(
                 chat_id=chat.id,
                 parent_id=parent_id,
-                role=(Role.prompter if prompter else Role.assistant).value,
+                role=Role.prompter if prompter else Role.assistant,
                 content=turn.content,
-                state=(MessageState.manual if prompter else MessageState.complete).value,
+                state=MessageState.manual if prompter else MessageState.complete,
             )
             session.add(stored)
             parent_id = stored.id
@@ -205,35 +224,22 @@ class OpenAIService:
         message.created_at = message.enqueued_at = utcnow()  # after its turns, in the chat's order
         chat.active_thread_tail_message_id = message.id
 
-    async def _enqueue(
-        self, session: AsyncSession, message: DbMessage, thread: list[ChatTurn] | None = None
+    async def _submit(
+        self,
+        session: AsyncSession,
+        caller: Caller,
+        message: DbMessage,
+        thread: list[ChatTurn] | None = None,
     ) -> DbMessage:
         """Commit and queue the message; with ``store_api_conversations``, ``thread`` as its chat."""
         if thread is not None and self.settings.store_api_conversations:
             self._store_as_chat(session, message, thread)
-        requested = fair_share.requested_options(message)
-        ticket = await fair_share.new_ticket(session, self.settings, message, requested)
-        message.scheduling = ticket.model_dump(mode="json")
-        session.add(message)
-        await session.commit()
-        try:
-            await self._lifecycle.enqueue(message)
-        except Exception as exc:
-            # The message is safely pending in the database; the recovery loop re-queues it.
-            logger.opt(exception=exc).error("could not queue API request {}", message.id)
-        logger.info(
-            "API request {} ({}, {}) queued for user {}",
-            message.id,
-            message.kind,
-            message.model_config_name,
-            message.user_id,
-        )
-        return message
+        return await self._submission.submit(session, message, caller.user, caller.scheduling)
 
     # ------------------------------------------------------------ following a request
     async def events(
         self, message_id: str, is_disconnected: IsDisconnected
-    ) -> AsyncGenerator[list[dict[str, Any]], None]:
+    ) -> AsyncGenerator[list[StreamEvent], None]:
         """The message's events, decoded, in batches (one per broker read); ends after the terminal
         one, or early if the client left."""
         reader = read_message_events(
@@ -241,15 +247,15 @@ class OpenAIService:
         )
         async with aclosing(reader) as batches:
             async for batch in batches:
-                yield [json.loads(entry["data"]) for entry in batch]
+                yield [_STREAM_EVENT.validate_json(entry["data"]) for entry in batch]
 
     async def wait(
         self,
         message: DbMessage,
         is_disconnected: IsDisconnected,
-        logprobs: list[dict[str, Any]] | None = None,
+        logprobs: list[TokenLogprob] | None = None,
     ) -> MessageRead:
-        """Wait for the finished message; raise the failure as an ``ApiError``, or ``ClientGone``.
+        """Wait for the finished message; raise its failure (``GenerationFailed``), or ``ClientGone``.
 
         ``logprobs``, if given, receives the token logprobs of the answer's token events.
         """
@@ -258,16 +264,15 @@ class OpenAIService:
             async with aclosing(self.events(message.id, is_disconnected)) as batches:
                 async for batch in batches:
                     for event in batch:
-                        kind = event["event_type"]
                         if logprobs is not None:
-                            if kind == "token":
-                                logprobs.extend(event.get("logprobs") or [])
-                            elif kind == "retry":
+                            if isinstance(event, TokenEvent):
+                                logprobs.extend(event.logprobs or [])
+                            elif isinstance(event, RetryEvent):
                                 logprobs.clear()  # the tokens before a retry are discarded
-                        if kind == "message":
+                        if isinstance(event, MessageEvent):
                             finished = True
-                            return MessageRead.model_validate(event["message"])
-                        if kind == "error":
+                            return event.message
+                        if isinstance(event, ErrorEvent):
                             finished = True
                             raise generation_failure(event)
                     if await is_disconnected():
@@ -346,7 +351,7 @@ class OpenAIService:
         payload = (current.result_payload if current else None) or {}
         vectors = payload.get("embeddings")
         if current is None or not isinstance(vectors, list):
-            raise ApiError(500, "embeddings_missing", "the worker returned no embeddings")
+            raise GenerationFailed("embeddings_missing", "the worker returned no embeddings")
         return vectors, current.prompt_tokens or 0
 
 

@@ -30,6 +30,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from oasst_inference_server.db.models import DbMessage
+from oasst_inference_server.dispatch import events
 from oasst_inference_server.openai_api.openai_service import IsDisconnected, OpenAIService, generation_failure
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.openai_schemas import (
@@ -48,15 +49,23 @@ from oasst_shared.openai_schemas import (
     UsageInfo,
     openai_finish_reason,
 )
-from oasst_shared.schemas import MessageRead
+from oasst_shared.schemas import (
+    ErrorEvent,
+    MessageEvent,
+    MessageRead,
+    PendingEvent,
+    RetryEvent,
+    StreamEvent,
+    TokenEvent,
+)
 from oasst_shared.tool_calls import ToolCall
 
 DONE = "data: [DONE]\n\n"
 
 
-def pending_comment(event: dict[str, Any]) -> str:
-    text = f": pending, queue position {event.get('queue_position')} of {event.get('queue_size')}"
-    wait = event.get("estimated_wait_seconds")
+def pending_comment(event: PendingEvent) -> str:
+    text = f": pending, queue position {event.queue_position} of {event.queue_size}"
+    wait = event.estimated_wait_seconds
     if wait is not None:
         text += f", estimated wait {wait:.0f}s"
     return text + "\n\n"
@@ -104,10 +113,9 @@ class _Chunks:
     def start(self) -> str | None:
         return None
 
-    def text(self, text: str, logprobs: list[dict[str, Any]] | None = None) -> str:
+    def text(self, text: str, logprobs: list[TokenLogprob] | None = None) -> str:
         if logprobs:  # built in full: the template has no logprobs
-            entries = [TokenLogprob.model_validate(e) for e in logprobs]
-            chunk = self._chunk([self._choice(text, None, entries)])
+            chunk = self._chunk([self._choice(text, None, logprobs)])
         else:
             chunk = f"{self._text_head}{_json_string(text)}{self._text_tail}"
         self._offset += len(text)
@@ -212,16 +220,17 @@ async def stream_answer(
                 # One write per batch of events: a stream that fell behind catches up in one send.
                 out: list[str] = []
                 for event in batch:
-                    kind = event["event_type"]
-                    if kind == "token":
+                    if isinstance(event, TokenEvent):
                         sent_text = True
-                        out.append(chunks.text(event["text"], event.get("logprobs")))
-                    elif kind == "pending":
+                        out.append(chunks.text(event.text, event.logprobs))
+                    elif isinstance(event, PendingEvent):
                         out.append(pending_comment(event))
-                    elif kind in ("message", "error") or (kind == "retry" and sent_text):
+                    elif isinstance(event, MessageEvent | ErrorEvent) or (
+                        isinstance(event, RetryEvent) and sent_text
+                    ):
                         # A retry after text was sent is not finished: settle() cancels the
                         # regeneration nobody would read.
-                        finished = kind != "retry"
+                        finished = events.is_terminal_type(event.event_type)
                         yield "".join([*out, *_closing_chunks(event, chunks, include_usage), DONE])
                         return
                 if out:
@@ -241,7 +250,7 @@ async def stream_choices(
     """Several choices (``n`` > 1, one message each) in one stream, their chunks interleaved as their
     events come; ``[DONE]`` after the last one ends. A failed choice ends the whole stream with an error
     chunk, and the other choices are cancelled."""
-    queue: asyncio.Queue[tuple[int, list[dict[str, Any]] | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, list[StreamEvent] | None]] = asyncio.Queue()
 
     async def pump(index: int) -> None:
         try:
@@ -267,18 +276,17 @@ async def stream_choices(
                 continue
             out: list[str] = []
             for event in batch:
-                kind = event["event_type"]
-                if kind == "token":
+                if isinstance(event, TokenEvent):
                     sent_text[index] = True
-                    out.append(chunks[index].text(event["text"], event.get("logprobs")))
-                elif kind == "pending":
+                    out.append(chunks[index].text(event.text, event.logprobs))
+                elif isinstance(event, PendingEvent):
                     out.append(pending_comment(event))
-                elif kind == "message":
+                elif isinstance(event, MessageEvent):
                     finished[index] = True
-                    finals.append(MessageRead.model_validate(event["message"]))
+                    finals.append(event.message)
                     out.extend(_closing_chunks(event, chunks[index], include_usage=False))
-                elif kind == "error" or (kind == "retry" and sent_text[index]):
-                    finished[index] = kind == "error"
+                elif isinstance(event, ErrorEvent) or (isinstance(event, RetryEvent) and sent_text[index]):
+                    finished[index] = isinstance(event, ErrorEvent)
                     yield "".join([*out, *_closing_chunks(event, chunks[index], include_usage=False), DONE])
                     return
             if out:
@@ -299,11 +307,12 @@ async def stream_choices(
                 await service.settle(message, done)
 
 
-def _closing_chunks(event: dict[str, Any], chunks: _Chunks, include_usage: bool) -> list[str]:
+def _closing_chunks(
+    event: MessageEvent | ErrorEvent | RetryEvent, chunks: _Chunks, include_usage: bool
+) -> list[str]:
     """The chunks that end a stream (before ``[DONE]``) for a terminal event, or a retry after text."""
-    kind = event["event_type"]
-    if kind == "message":
-        final = MessageRead.model_validate(event["message"])
+    if isinstance(event, MessageEvent):
+        final = event.message
         calls = final.tool_calls or []
         closing = [
             *chunks.tool_calls(calls),
@@ -312,12 +321,12 @@ def _closing_chunks(event: dict[str, Any], chunks: _Chunks, include_usage: bool)
         if include_usage:
             closing.append(chunks.usage(UsageInfo.of(final.prompt_tokens, final.generated_tokens)))
         return closing
-    if kind == "error":
+    if isinstance(event, ErrorEvent):
         failure = generation_failure(event)
         return [error_chunk(failure.detail, failure.code)]
     return [
         error_chunk(
-            f"the worker generating this answer was lost ({event.get('reason')}); "
+            f"the worker generating this answer was lost ({event.reason}); "
             "the text already sent cannot be taken back: retry the request",
             "worker_lost",
         )

@@ -39,7 +39,7 @@ async def read_message_events(
     message = await lifecycle.get(message_id)
     if message is None:
         return
-    if message.state == MessageState.pending.value and after is None:
+    if message.state == MessageState.pending and after is None:
         yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
     if after is not None and (gap := await _gap_event(broker, stream, after)) is not None:
         yield [{"data": gap}]

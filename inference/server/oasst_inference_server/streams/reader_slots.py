@@ -1,4 +1,4 @@
-"""Event-stream readers are bounded per user and per message, across replicas (429 past the cap).
+"""Event-stream readers are bounded per user and per message, across replicas (``RateLimited`` past the cap).
 
 Each ``GET .../events`` takes one slot of the user's and one of the message's (``Broker.acquire_slot``,
 with a TTL) before its response starts, keeps them while it streams (refreshed in the background),
@@ -14,11 +14,11 @@ import uuid
 from collections.abc import AsyncIterator
 
 from oasst_inference_server.broker import Broker
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import RateLimited
 from oasst_inference_server.settings import Settings
 
 READER_SLOT_TTL = 60.0
-_RETRY_AFTER = "5"
+_RETRY_AFTER = 5  # seconds
 
 
 class ReaderLease:
@@ -64,7 +64,7 @@ class ReaderLease:
 
 
 async def acquire_reader(broker: Broker, settings: Settings, user_id: str, message_id: str) -> ReaderLease:
-    """A reader's slots, or a 429 naming the cap it met."""
+    """A reader's slots, or ``RateLimited`` naming the cap it met."""
     lease = ReaderLease(
         broker,
         [
@@ -76,11 +76,10 @@ async def acquire_reader(broker: Broker, settings: Settings, user_id: str, messa
     if full is not None:
         per_user = full.startswith("sse-user:")
         limit = settings.max_sse_readers_per_user if per_user else settings.max_sse_readers_per_message
-        raise ApiError(
-            429,
+        raise RateLimited(
             "too_many_readers",
             f"{limit} event streams are already open {'for you' if per_user else 'on this message'}: "
             "close one first",
-            {"Retry-After": _RETRY_AFTER},
+            retry_after=_RETRY_AFTER,
         )
     return lease

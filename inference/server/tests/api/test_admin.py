@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 
 import pytest
 
 from oasst_inference_server.auth.worker_keys import find_worker_by_key, record_worker_event
-from oasst_inference_server.broker import WorkerSessionRecord
+from oasst_inference_server.broker import WorkerSession
+from oasst_shared.model_configs import SMOLLM2_135M
 from tests.support.api import ADMIN, API, assert_error, start_chat
 
 pytestmark = API
@@ -86,23 +86,19 @@ async def test_worker_keys_are_shown_once_and_stored_hashed(client, app):
 async def test_live_worker_sessions_with_capacity_and_in_flight_work(client, app):
     worker = (await client.post("/admin/workers", json={"name": "session-box"}, headers=ADMIN)).json()
     session_id = f"ws-admin-{uuid.uuid4().hex[:8]}"
-    data = {
-        "model_config": {"name": "admin-test-model"},
-        "max_parallel_requests": 4,
-        "free_slots": 3,
-        "in_flight": ["m-1"],
-        "backend_kind": "tgi",
-        "backend_healthy": True,
-        "draining": False,
-        "worker_version": "1.2.3",
-        "connected_at": 1700000000.0,
-    }
+    live = WorkerSession(
+        model_config=SMOLLM2_135M.model_copy(update={"name": "admin-test-model"}),
+        max_parallel_requests=4,
+        free_slots=3,
+        in_flight=["m-1"],
+        backend_kind="tgi",
+        worker_version="1.2.3",
+        connected_at=1700000000.0,
+    )
     await record_worker_event(
         app.state.session_factory, worker_id=worker["id"], session_id=session_id, event_type="connected"
     )
-    await app.state.broker.put_worker_session(
-        WorkerSessionRecord(session_id, "admin-test-model", json.dumps(data)), ttl=60
-    )
+    await app.state.broker.put_worker_session(live.record(session_id), ttl=60)
     try:
         sessions = (await client.get("/admin/worker_sessions", headers=ADMIN)).json()
         mine = next(s for s in sessions if s["session_id"] == session_id)

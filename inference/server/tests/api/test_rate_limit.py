@@ -18,7 +18,7 @@ from oasst_inference_server.chats.chat_store import delete_chat
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, utcnow
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import RateLimited
 from oasst_inference_server.settings import Settings
 from tests.support.services import fresh_database
 
@@ -97,10 +97,10 @@ async def test_running_generations_count_chat_answers_and_api_requests(
     await add_generation(sessions, state="complete", chat_id=chat_id, minutes_ago=5)  # finished: not running
     await add_generation(sessions, state="in_progress", chat_id=other_chat)  # someone else's
     await check(sessions, limits(running=3), user_id)
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(RateLimited) as refused:
         await check(sessions, limits(running=2), user_id)
-    assert refused.value.status_code == 429 and refused.value.code == "too_many_concurrent_generations"
-    assert int(refused.value.headers["Retry-After"]) >= 1
+    assert refused.value.code == "too_many_concurrent_generations"
+    assert refused.value.retry_after >= 1
     await check(sessions, limits(running=2), other_id)
 
 
@@ -114,11 +114,11 @@ async def test_the_rate_limit_counts_the_last_minute_and_says_when_the_next_fits
     await add_generation(sessions, state="failed", user_id=user_id, minutes_ago=0.25)
     await check(sessions, limits(per_minute=3), user_id)
     await add_generation(sessions, state="complete", user_id=user_id, minutes_ago=0.1)
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(RateLimited) as refused:
         await check(sessions, limits(per_minute=3), user_id)
-    assert refused.value.status_code == 429 and refused.value.code == "rate_limited"
+    assert refused.value.code == "rate_limited"
     # The oldest in the window (30 s ago) leaves it in about 30 s.
-    assert 25 <= int(refused.value.headers["Retry-After"]) <= 35
+    assert 25 <= refused.value.retry_after <= 35
     await check(sessions, limits(per_minute=0, running=0), user_id)  # both off: never refused
 
 
@@ -129,13 +129,13 @@ async def test_deleting_the_chat_or_the_account_does_not_reset_the_rate_limit(
     for minutes_ago in (0.3, 0.2):
         await add_generation(sessions, state="complete", chat_id=chat_id, minutes_ago=minutes_ago)
     await add_generation(sessions, state="complete", user_id=user_id, minutes_ago=0.1)
-    with pytest.raises(ApiError):
+    with pytest.raises(RateLimited):
         await check(sessions, limits(per_minute=3), user_id)
     async with sessions() as session:
         chat = await session.get(DbChat, chat_id)
         assert chat is not None
         await delete_chat(session, None, chat)  # type: ignore[arg-type]  # nothing to cancel
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(RateLimited) as refused:
         await check(sessions, limits(per_minute=3), user_id)
     assert refused.value.code == "rate_limited"
     # The account goes too; the same person signing in again is a new user, and still limited.
@@ -149,7 +149,7 @@ async def test_deleting_the_chat_or_the_account_does_not_reset_the_rate_limit(
         await session.commit()
         again_id = again.id
     assert again_id != user_id
-    with pytest.raises(ApiError) as refused:
+    with pytest.raises(RateLimited) as refused:
         await check(sessions, limits(per_minute=3), again_id)
     assert refused.value.code == "rate_limited"
     # Someone else is not affected by those records.

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 
-from oasst_inference_server.api.deps import SessionDep, SignedInUser
+from oasst_inference_server.api.deps import LifecycleDep, SessionDep, SignedInUser
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.api.routes.auth import user_read
 from oasst_inference_server.chats.accounts import delete_account
@@ -21,10 +21,10 @@ async def get_account(user: SignedInUser) -> UserRead:
 
 
 @router.delete("", status_code=204, responses=AUTH)
-async def delete_own_account(request: Request, user: SignedInUser, session: SessionDep) -> Response:
+async def delete_own_account(user: SignedInUser, session: SessionDep, lifecycle: LifecycleDep) -> Response:
     """Delete the account: running answers are cancelled, chats that did not allow data use are
     deleted, the rest is kept anonymised, and every token stops working."""
-    await delete_account(session, request.app.state.lifecycle, user)
+    await delete_account(session, lifecycle, user)
     return Response(status_code=204)
 
 

@@ -4,25 +4,30 @@ sessions, and users. Disabled (403) when no root token is configured."""
 from __future__ import annotations
 
 import hmac
-import json
-from typing import Annotated, Any
+from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import delete, func, select
 
-from oasst_inference_server.api.deps import BrokerDep, SessionDep, SettingsDep
+from oasst_inference_server.api.deps import (
+    BrokerDep,
+    LifecycleDep,
+    SessionDep,
+    SessionFactoryDep,
+    SettingsDep,
+)
 from oasst_inference_server.api.responses import ADMIN, Responses, error
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
 from oasst_inference_server.auth.worker_keys import live_sessions_of, new_worker_key
+from oasst_inference_server.broker import WorkerSession
 from oasst_inference_server.chats.accounts import delete_account
 from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerEvent
 from oasst_inference_server.dispatch.events import worker_command_channel
 from oasst_inference_server.dispatch.queue_status import queue_status
 from oasst_inference_server.dispatch.worker_connection import DISCONNECT_COMMAND
-from oasst_inference_server.domain_errors import not_found
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import InvalidValue, NotAuthenticated, NotPermitted, not_found
 from oasst_shared.schemas import (
     AdminUserRead,
     CreateWorkerRequest,
@@ -43,12 +48,12 @@ async def require_admin(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
 ) -> None:
     if credentials is None or credentials.scheme.lower() != "bearer":
-        raise ApiError(401, "not_authenticated", "admin token required", {"WWW-Authenticate": "Bearer"})
+        raise NotAuthenticated("not_authenticated", "admin token required", bearer=True)
     root = settings.admin_root_token
     if not root:
-        raise ApiError(403, "admin_disabled", "the admin API is disabled on this server")
+        raise NotPermitted("admin_disabled", "the admin API is disabled on this server")
     if not hmac.compare_digest(credentials.credentials.encode(), root.encode()):
-        raise ApiError(403, "forbidden", "wrong admin token")
+        raise NotPermitted("forbidden", "wrong admin token")
 
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)], responses=ADMIN)
@@ -174,6 +179,19 @@ async def delete_worker(worker_id: str, session: SessionDep, broker: BrokerDep) 
     return Response(status_code=204)
 
 
+# What the admin API shows of a worker session as the broker holds it (the worker comes from the database).
+_SESSION_DETAILS = {
+    "max_parallel_requests",
+    "free_slots",
+    "in_flight",
+    "backend_kind",
+    "backend_healthy",
+    "draining",
+    "worker_version",
+    "connected_at",
+}
+
+
 @router.get("/worker_sessions", response_model=list[WorkerSessionRead])
 async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[WorkerSessionRead]:
     """Every connected worker socket on every replica, with its capacity and in-flight messages."""
@@ -186,25 +204,17 @@ async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[W
         names = dict(rows.all())
     out = []
     for record in sorted(records, key=lambda r: (r.model_config_name, r.session_id)):
-        try:
-            data: dict[str, Any] = json.loads(record.data)
-        except ValueError:
-            data = {}
         worker_id = workers.get(record.session_id)
+        live = WorkerSession.of(record)
+        # A record this version cannot read is listed without its details.
+        details = live.model_dump(include=_SESSION_DETAILS) if live is not None else {}
         out.append(
             WorkerSessionRead(
                 session_id=record.session_id,
                 model_config_name=record.model_config_name,
                 worker_id=worker_id,
                 worker_name=names.get(worker_id) if worker_id else None,
-                max_parallel_requests=data.get("max_parallel_requests"),
-                free_slots=data.get("free_slots"),
-                in_flight=list(data.get("in_flight") or []),
-                backend_kind=data.get("backend_kind"),
-                backend_healthy=data.get("backend_healthy"),
-                draining=data.get("draining"),
-                worker_version=data.get("worker_version"),
-                connected_at=data.get("connected_at"),
+                **details,
             )
         )
     return out
@@ -220,12 +230,12 @@ async def revoke_tokens(user_id: str, session: SessionDep) -> RevokedTokensRespo
 
 
 @router.delete("/users/{user_id}", status_code=204, responses=_USER)
-async def delete_user(request: Request, user_id: str, session: SessionDep) -> Response:
+async def delete_user(user_id: str, session: SessionDep, lifecycle: LifecycleDep) -> Response:
     """Delete a user the way ``DELETE /account`` does (anonymised, generations cancelled)."""
     user = await session.get(DbUser, user_id)
     if user is None or user.deleted:
         raise not_found("user")
-    await delete_account(session, request.app.state.lifecycle, user)
+    await delete_account(session, lifecycle, user)
     return Response(status_code=204)
 
 
@@ -260,8 +270,7 @@ async def set_user_tier(
     if user is None:
         raise not_found("user")
     if body.tier is not None and body.tier not in settings.user_tiers:
-        raise ApiError(
-            422,
+        raise InvalidValue(
             "unknown_tier",
             f"unknown tier {body.tier!r}; tiers: {', '.join(sorted(settings.user_tiers))}",
         )
@@ -272,7 +281,7 @@ async def set_user_tier(
 
 
 @router.get("/queues", response_model=QueueStatus)
-async def queues(request: Request, broker: BrokerDep) -> QueueStatus:
+async def queues(sessions: SessionFactoryDep, broker: BrokerDep) -> QueueStatus:
     """Per model: depth and oldest wait, each waiting user's backlog and counter, each worker's load,
     and the tokens served per user in the last window."""
-    return await queue_status(request.app.state.session_factory, broker)
+    return await queue_status(sessions, broker)

@@ -12,8 +12,7 @@ from oasst_inference_server.api.deps import SessionDep, SettingsDep, SignedInUse
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.auth.api_key_store import create_api_key
 from oasst_inference_server.db.models import DbApiKey, utcnow
-from oasst_inference_server.domain_errors import not_found
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import Conflict, not_found
 from oasst_shared.schemas import (
     ApiKeyCreated,
     ApiKeyRead,
@@ -51,8 +50,7 @@ async def create_key(
         )
     ).scalar_one()
     if active >= settings.max_api_keys_per_user:
-        raise ApiError(
-            409,
+        raise Conflict(
             "too_many_api_keys",
             f"at most {settings.max_api_keys_per_user} active keys: revoke one first",
         )

@@ -14,8 +14,7 @@ from oasst_inference_server.api.routes.web import signin_handoff
 from oasst_inference_server.auth import oauth, refresh_tokens
 from oasst_inference_server.auth.trusted_client import TRUSTED_CLIENT_HEADER, trusted_client_user
 from oasst_inference_server.db.models import DbUser
-from oasst_inference_server.domain_errors import DomainError
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import DomainError, InvalidValue, NotAuthenticated, NotPermitted
 from oasst_shared.schemas import AuthCheckResponse, LoginResponse, RefreshRequest, UserRead
 
 router = APIRouter(prefix="/auth", tags=["auth"])
@@ -79,7 +78,7 @@ async def refresh(
     new refresh token. The old refresh token is used up; presenting it again revokes its family."""
     presented = body.refresh_token if body else refresh_header
     if not presented:
-        raise ApiError(422, "validation_error", "give refresh_token in the body or the Refresh header")
+        raise InvalidValue("validation_error", "give refresh_token in the body or the Refresh header")
     return await refresh_tokens.refresh(session, settings, presented)
 
 
@@ -105,7 +104,7 @@ async def login_trusted(
 ) -> UserRead:
     """A trusted frontend registers (or finds) the user its ``TrustedClient`` header names."""
     if trusted_client is None:
-        raise ApiError(401, "not_authenticated", "missing TrustedClient header")
+        raise NotAuthenticated("not_authenticated", "missing TrustedClient header")
     return user_read(await trusted_client_user(session, settings, trusted_client))
 
 
@@ -121,7 +120,7 @@ async def login_debug(
 ) -> RedirectResponse:
     """Redirect to the debug callback, like an OAuth provider would (development only)."""
     if not settings.allow_debug_auth:
-        raise ApiError(403, "debug_auth_disabled", "debug login is disabled on this server")
+        raise NotPermitted("debug_auth_disabled", "debug login is disabled on this server")
     return RedirectResponse(f"/auth/callback/debug?code={username}")
 
 
@@ -137,7 +136,7 @@ async def debug_login(
 ) -> LoginResponse:
     """Log in as ``code`` without a password (development only: ``OASST_SERVER_ALLOW_DEBUG_AUTH``)."""
     if not settings.allow_debug_auth:
-        raise ApiError(403, "debug_auth_disabled", "debug login is disabled on this server")
+        raise NotPermitted("debug_auth_disabled", "debug login is disabled on this server")
     user = await _get_or_create_user(session, "debug", code, code)
     return await refresh_tokens.login(session, settings, user)
 
@@ -195,9 +194,9 @@ async def callback_oauth(
         account_id, name = await oauth.fetch_identity(settings, config, code)
         user = await _get_or_create_user(session, config.name, account_id, name)
         if user.deleted:
-            raise ApiError(401, "user_deleted", "this account was deleted")
+            raise NotAuthenticated("user_deleted", "this account was deleted")
         pair = await refresh_tokens.login(session, settings, user)
-    except (ApiError, DomainError) as exc:
+    except DomainError as exc:
         if web:
             return signin_handoff(error=exc.detail)
         raise

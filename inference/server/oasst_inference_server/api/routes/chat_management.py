@@ -11,11 +11,11 @@ which branch the user looks at; it follows the newest message and can be set wit
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter
 from fastapi.responses import Response
 from sqlalchemy import select, update
 
-from oasst_inference_server.api.deps import CurrentUser, SessionDep
+from oasst_inference_server.api.deps import CurrentUser, LifecycleDep, SessionDep
 from oasst_inference_server.api.responses import AUTH, CHAT, MESSAGE, Responses, error
 from oasst_inference_server.chats.chat_store import (
     delete_chat,
@@ -24,7 +24,7 @@ from oasst_inference_server.chats.chat_store import (
     to_chat_list_read,
 )
 from oasst_inference_server.db.models import DbChat, DbMessage, DbMessageEvaluation, DbReport, utcnow
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import InvalidRequest
 from oasst_shared.schemas import (
     ChatListRead,
     ChatUpdateRequest,
@@ -66,8 +66,8 @@ async def _update_chat(
     if body.active_thread_tail_message_id is not None:
         tail = await session.get(DbMessage, body.active_thread_tail_message_id)
         if tail is None or tail.chat_id != chat.id:
-            raise ApiError(
-                400, "message_not_in_chat", "active_thread_tail_message_id is not a message of this chat"
+            raise InvalidRequest(
+                "message_not_in_chat", "active_thread_tail_message_id is not a message of this chat"
             )
         chat.active_thread_tail_message_id = tail.id
     chat.modified_at = utcnow()
@@ -100,10 +100,12 @@ async def patch_chat(
 
 
 @router.delete("/{chat_id}", status_code=204, responses=CHAT)
-async def delete_own_chat(request: Request, chat_id: str, user: CurrentUser, session: SessionDep) -> Response:
+async def delete_own_chat(
+    chat_id: str, user: CurrentUser, session: SessionDep, lifecycle: LifecycleDep
+) -> Response:
     """Delete the chat, its messages and their feedback; its running answers are cancelled first."""
     chat = await get_own_chat(session, user, chat_id)
-    await delete_chat(session, request.app.state.lifecycle, chat)
+    await delete_chat(session, lifecycle, chat)
     return Response(status_code=204)
 
 
@@ -113,8 +115,8 @@ async def _own_answer(
     """The user's chat and one of its assistant messages (feedback is only for answers)."""
     chat = await get_own_chat(session, user, chat_id)
     message = await get_chat_message(session, chat, message_id)
-    if message.role != Role.assistant.value:
-        raise ApiError(400, "not_assistant_message", f"only assistant messages can be {action}")
+    if message.role != Role.assistant:
+        raise InvalidRequest("not_assistant_message", f"only assistant messages can be {action}")
     return chat, message
 
 
@@ -169,22 +171,21 @@ async def evaluate(
     chat, selected = await _own_answer(session, user, chat_id, message_id, "evaluated")
     inferior = set(body.inferior_message_ids)
     if selected.id in inferior:
-        raise ApiError(400, "invalid_evaluation", "a message cannot be inferior to itself")
+        raise InvalidRequest("invalid_evaluation", "a message cannot be inferior to itself")
     siblings = set(
         (
             await session.exec(
                 select(DbMessage.id).where(
                     DbMessage.chat_id == chat.id,
                     DbMessage.parent_id == selected.parent_id,
-                    DbMessage.role == Role.assistant.value,
+                    DbMessage.role == Role.assistant,
                 )
             )
         ).scalars()
     )
     strangers = sorted(inferior - siblings)
     if strangers:
-        raise ApiError(
-            400,
+        raise InvalidRequest(
             "invalid_evaluation",
             f"not other answers to the same prompt in this chat: {', '.join(strangers)}",
         )

@@ -5,40 +5,34 @@ from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from loguru import logger
 from sqlalchemy import select
 from sse_starlette import EventSourceResponse
 
-from oasst_inference_server.admission.capabilities import check_capabilities
-from oasst_inference_server.admission.limits import (
-    check_chat_capacity,
-    check_message_length,
-    check_queue_capacity,
-)
-from oasst_inference_server.admission.rate_limit import check_generation_limits
-from oasst_inference_server.admission.request_bounds import check_chat_count, check_system_prompt
+from oasst_inference_server.admission.limits import check_chat_capacity, check_message_length
+from oasst_inference_server.admission.request_bounds import check_chat_count
 from oasst_inference_server.api.deps import (
     BrokerDep,
     CurrentUser,
-    RegistryDep,
+    LifecycleDep,
     SchedulingDep,
     SessionDep,
     SettingsDep,
+    SubmissionDep,
 )
 from oasst_inference_server.broker import is_stream_id
 from oasst_inference_server.chats.chat_store import (
     chat_read,
     get_chat_message,
     get_own_chat,
+    get_parent_message,
     list_user_chats,
     message_read_with_feedback,
     title_from_prompt,
     to_chat_list_read,
 )
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
-from oasst_inference_server.dispatch import fair_share
-from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, to_message_read
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.dispatch.message_lifecycle import to_message_read
+from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue
 from oasst_inference_server.streams.event_reader import read_message_events
 from oasst_inference_server.streams.reader_slots import ReaderLease, acquire_reader
 from oasst_inference_server.streams.sse import SseEvent, encode_sse
@@ -63,11 +57,7 @@ _ID_ERRORS: dict[int | str, dict[str, Any]] = {
     **_AUTH_ERRORS,
     404: {"model": ErrorBody, "description": "No such chat or message for this user"},
 }
-_REPLY_STATES = (MessageState.complete.value, MessageState.cancelled.value)
-
-
-def _lifecycle(request: Request) -> MessageLifecycle:
-    return request.app.state.lifecycle
+_REPLY_STATES = (MessageState.complete, MessageState.cancelled)
 
 
 @router.post(
@@ -135,7 +125,7 @@ async def create_prompter_message(
     """Add the user's message, as the first message of the chat or as a reply to an assistant message."""
     chat = await get_own_chat(session, user, chat_id)
     if not body.content.strip():
-        raise ApiError(422, "empty_message", "the message is empty")
+        raise InvalidValue("empty_message", "the message is empty")
     check_message_length(settings, body.content)
     await check_chat_capacity(session, settings, chat.id)
     if body.parent_id is None:
@@ -143,21 +133,21 @@ async def create_prompter_message(
             await session.exec(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
         ).first()
         if has_root:
-            raise ApiError(400, "parent_required", "the chat already has messages: give parent_id")
+            raise InvalidRequest("parent_required", "the chat already has messages: give parent_id")
     else:
-        parent = await session.get(DbMessage, body.parent_id)
-        if parent is None or parent.chat_id != chat.id:
-            raise ApiError(400, "parent_not_found", f"parent message {body.parent_id} is not in this chat")
-        if parent.role != Role.assistant.value:
-            raise ApiError(400, "parent_not_assistant", "a prompter message must answer an assistant message")
+        parent = await get_parent_message(session, chat, body.parent_id)
+        if parent.role != Role.assistant:
+            raise InvalidRequest(
+                "parent_not_assistant", "a prompter message must answer an assistant message"
+            )
         if parent.state not in _REPLY_STATES:
-            raise ApiError(400, "parent_not_complete", f"the parent message is {parent.state}")
+            raise InvalidRequest("parent_not_complete", f"the parent message is {parent.state}")
     message = DbMessage(
         chat_id=chat.id,
         parent_id=body.parent_id,
-        role=Role.prompter.value,
+        role=Role.prompter,
         content=body.content,
-        state=MessageState.manual.value,
+        state=MessageState.manual,
     )
     session.add(message)
     chat.modified_at = utcnow()
@@ -182,62 +172,15 @@ async def create_prompter_message(
     },
 )
 async def create_assistant_message(
-    request: Request,
     chat_id: str,
     body: CreateAssistantMessageRequest,
     user: CurrentUser,
     session: SessionDep,
-    registry: RegistryDep,
+    submission: SubmissionDep,
     scheduling: SchedulingDep,
 ) -> MessageRead:
     """Queue an answer to a prompter message; stream it from ``.../messages/{id}/events``."""
-    chat = await get_own_chat(session, user, chat_id)
-    parent = await session.get(DbMessage, body.parent_id)
-    if parent is None or parent.chat_id != chat.id:
-        raise ApiError(400, "parent_not_found", f"parent message {body.parent_id} is not in this chat")
-    if parent.role != Role.prompter.value:
-        raise ApiError(400, "parent_not_prompter", "an assistant message must answer a prompter message")
-    live = await registry.live_models()
-    if body.model_config_name not in live:
-        available = ", ".join(sorted(live)) or "none"
-        if body.model_config_name in registry.known_model_names(live):
-            raise ApiError(
-                503,
-                "no_worker",
-                f"no worker serves model {body.model_config_name!r} right now; available: {available}",
-            )
-        raise ApiError(
-            400, "unknown_model", f"unknown model {body.model_config_name!r}; available models: {available}"
-        )
-    check_capabilities(body.sampling_parameters, live[body.model_config_name])
-    check_system_prompt(request.app.state.settings, body.system_prompt)
-    await check_generation_limits(session, request.app.state.settings, user.id)
-    await check_chat_capacity(session, request.app.state.settings, chat.id)
-    await check_queue_capacity(session, request.app.state.settings, body.model_config_name)
-    now = utcnow()
-    message = DbMessage(
-        chat_id=chat.id,
-        parent_id=parent.id,
-        role=Role.assistant.value,
-        state=MessageState.pending.value,
-        model_config_name=body.model_config_name,
-        sampling_parameters=body.sampling_parameters.model_dump(mode="json"),
-        system_prompt=body.system_prompt,
-        enqueued_at=now,
-    )
-    settings = request.app.state.settings
-    ticket = await fair_share.new_ticket(session, settings, message, scheduling, user=user)
-    message.scheduling = ticket.model_dump(mode="json")
-    session.add(message)
-    chat.modified_at = now
-    chat.active_thread_tail_message_id = message.id
-    session.add(chat)
-    await session.commit()
-    try:
-        await _lifecycle(request).enqueue(message)
-    except Exception as exc:
-        # The message is safely pending in the database; the recovery loop re-queues it.
-        logger.opt(exception=exc).error("could not queue message {}", message.id)
+    message = await submission.answer_in_chat(session, user, chat_id, body, scheduling)
     return to_message_read(message)
 
 
@@ -249,12 +192,11 @@ async def get_message(chat_id: str, message_id: str, user: CurrentUser, session:
 
 @router.post("/{chat_id}/messages/{message_id}/cancel", response_model=MessageRead, responses=_ID_ERRORS)
 async def cancel_message(
-    request: Request, chat_id: str, message_id: str, user: CurrentUser, session: SessionDep, broker: BrokerDep
+    chat_id: str, message_id: str, user: CurrentUser, session: SessionDep, lifecycle: LifecycleDep
 ) -> MessageRead:
     """Stop generating: a pending message ends at once, a running one after its worker stops."""
     chat = await get_own_chat(session, user, chat_id)
     message = await get_chat_message(session, chat, message_id)
-    lifecycle = _lifecycle(request)
     await lifecycle.request_cancel(message)
     refreshed = await lifecycle.get(message.id)
     assert refreshed is not None
@@ -277,6 +219,7 @@ async def message_events(
     user: CurrentUser,
     session: SessionDep,
     broker: BrokerDep,
+    lifecycle: LifecycleDep,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
@@ -287,15 +230,15 @@ async def message_events(
     chat = await get_own_chat(session, user, chat_id)
     message = await get_chat_message(session, chat, message_id)
     if last_event_id is not None and not is_stream_id(last_event_id):
-        raise ApiError(
-            400, "invalid_last_event_id", f"Last-Event-ID {last_event_id[:40]!r} is not an event id"
+        raise InvalidRequest(
+            "invalid_last_event_id", f"Last-Event-ID {last_event_id[:40]!r} is not an event id"
         )
-    if message.role != Role.assistant.value:
-        raise ApiError(400, "not_assistant_message", "only assistant messages have events")
+    if message.role != Role.assistant:
+        raise InvalidRequest("not_assistant_message", "only assistant messages have events")
     lease = await acquire_reader(broker, settings, user.id, message.id)
     await session.close()  # do not hold a database connection for the life of the stream
     batches = read_message_events(
-        _lifecycle(request), broker, settings, message_id, last_event_id, request.is_disconnected
+        lifecycle, broker, settings, message_id, last_event_id, request.is_disconnected
     )
     # no-cache rather than sse-starlette's no-store: the events are private either way (the request
     # carries Authorization, which shared caches must not store), and Chromium reports a streamed

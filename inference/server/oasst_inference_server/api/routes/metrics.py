@@ -6,15 +6,15 @@ from __future__ import annotations
 import hmac
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Depends
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from oasst_inference_server import metrics
-from oasst_inference_server.api.deps import SettingsDep
+from oasst_inference_server.api.deps import BrokerDep, SessionFactoryDep, SettingsDep
 from oasst_inference_server.api.responses import error
 from oasst_inference_server.dispatch.queue_status import queue_status
-from oasst_inference_server.errors import ApiError
+from oasst_inference_server.domain_errors import NotAuthenticated
 
 _metrics_bearer = HTTPBearer(auto_error=False, scheme_name="MetricsToken")
 
@@ -28,7 +28,7 @@ async def require_metrics_token(
         return
     given = credentials.credentials if credentials is not None else ""
     if not hmac.compare_digest(given.encode(), expected.encode()):
-        raise ApiError(401, "not_authenticated", "metrics token required", {"WWW-Authenticate": "Bearer"})
+        raise NotAuthenticated("not_authenticated", "metrics token required", bearer=True)
 
 
 router = APIRouter(tags=["health"])
@@ -40,9 +40,9 @@ router = APIRouter(tags=["health"])
     dependencies=[Depends(require_metrics_token)],
     responses={401: error("OASST_SERVER_METRICS_TOKEN is set and the request does not carry it")},
 )
-async def prometheus_metrics(request: Request) -> Response:
+async def prometheus_metrics(sessions: SessionFactoryDep, broker: BrokerDep) -> Response:
     """Prometheus metrics: workers, queue depth and age, per-user backlog and service, in-flight per
     worker, latency and speed histograms."""
-    status = await queue_status(request.app.state.session_factory, request.app.state.broker)
+    status = await queue_status(sessions, broker)
     body, content_type = metrics.render(status)
     return Response(body, media_type=content_type)

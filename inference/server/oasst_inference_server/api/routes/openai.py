@@ -1,27 +1,26 @@
 """The OpenAI-compatible API: ``/v1/models``, ``/v1/chat/completions``, ``/v1/completions``, ``/v1/embeddings``.
 
 Authenticate with a user's API key (``Authorization: Bearer oak-...``) or access token. Errors have
-OpenAI's shape and status codes (see :mod:`oasst_inference_server.errors`).
+OpenAI's shape and status codes (see :mod:`oasst_inference_server.api.error_handlers`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Depends, Request, Response
+from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.admission.capabilities import check_capabilities
-from oasst_inference_server.admission.limits import check_queue_capacity
-from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.admission.request_bounds import check_chat_completion_bounds
-from oasst_inference_server.api.deps import ApiCaller, SessionDep, SettingsDep
+from oasst_inference_server.api.deps import ApiCaller, OpenAIServiceDep, SessionDep, SettingsDep
 from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.db.models import DbMessage
 from oasst_inference_server.dispatch.worker_registry import LiveModel
+from oasst_inference_server.domain_errors import GenerationFailed, InvalidRequest, NotFound
 from oasst_inference_server.errors import ApiError
 from oasst_inference_server.openai_api.openai_service import ClientGone, OpenAIService
 from oasst_inference_server.openai_api.openai_streams import (
@@ -70,14 +69,6 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _STREAM = {"content": {"text/event-stream": {}}, "description": "With stream=true: server-sent chunks"}
 
 
-def get_openai_service(request: Request) -> OpenAIService:
-    state = request.app.state
-    return OpenAIService(state.settings, state.session_factory, state.broker, state.lifecycle, state.registry)
-
-
-ServiceDep = Annotated[OpenAIService, Depends(get_openai_service)]
-
-
 def _card(model: LiveModel) -> ModelCard:
     return ModelCard(
         id=model.config.name,
@@ -90,7 +81,7 @@ def _card(model: LiveModel) -> ModelCard:
 
 
 @router.get("/models", response_model=ModelList, responses={401: _ERRORS[401]})
-async def list_models(caller: ApiCaller, service: ServiceDep) -> ModelList:
+async def list_models(caller: ApiCaller, service: OpenAIServiceDep) -> ModelList:
     """The models at least one connected worker serves now, with their context length."""
     live = await service.live_models()
     return ModelList(data=[_card(m) for _, m in sorted(live.items())])
@@ -99,11 +90,11 @@ async def list_models(caller: ApiCaller, service: ServiceDep) -> ModelList:
 @router.get(
     "/models/{model:path}", response_model=ModelCard, responses={401: _ERRORS[401], 404: _ERRORS[404]}
 )
-async def retrieve_model(model: str, caller: ApiCaller, service: ServiceDep) -> ModelCard:
+async def retrieve_model(model: str, caller: ApiCaller, service: OpenAIServiceDep) -> ModelCard:
     live = await service.live_models()
     if model not in live:
         available = ", ".join(sorted(live)) or "none"
-        raise ApiError(404, "model_not_found", f"the model {model!r} does not exist; available: {available}")
+        raise NotFound("model_not_found", f"the model {model!r} does not exist; available: {available}")
     return _card(live[model])
 
 
@@ -113,13 +104,7 @@ def _sampling(body: ChatCompletionRequest | CompletionRequest, model: LiveModel)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         param = ".".join(str(p) for p in first["loc"]) or None
-        raise ApiError(400, "invalid_value", f"{param}: {first['msg']}", param=param) from None
-
-
-async def _admit(session: AsyncSession, settings: Settings, caller: Caller, model: LiveModel) -> None:
-    """The user's limits (429) and the model's queue capacity (503), as on the chat API."""
-    await check_generation_limits(session, settings, caller.user.id)
-    await check_queue_capacity(session, settings, model.config.name)
+        raise InvalidRequest("invalid_value", f"{param}: {first['msg']}", param=param) from None
 
 
 def _check_capabilities(
@@ -138,7 +123,7 @@ def _check_capabilities(
 
 
 async def _answer(
-    service: OpenAIService, message: DbMessage, request: Request, logprobs: list[dict[str, Any]] | None = None
+    service: OpenAIService, message: DbMessage, request: Request, logprobs: list[TokenLogprob] | None = None
 ) -> MessageRead:
     try:
         return await service.wait(message, request.is_disconnected, logprobs)
@@ -148,12 +133,12 @@ async def _answer(
 
 async def _answers(
     service: OpenAIService, messages: list[DbMessage], request: Request, logprobs: bool
-) -> list[tuple[MessageRead, list[dict[str, Any]] | None]]:
+) -> list[tuple[MessageRead, list[TokenLogprob] | None]]:
     """Every message's answer (and logprobs), waited for together; the first failure cancels the rest."""
-    results: list[tuple[MessageRead, list[dict[str, Any]] | None] | None] = [None] * len(messages)
+    results: list[tuple[MessageRead, list[TokenLogprob] | None] | None] = [None] * len(messages)
 
     async def one(index: int, message: DbMessage) -> None:
-        collected: list[dict[str, Any]] | None = [] if logprobs else None
+        collected: list[TokenLogprob] | None = [] if logprobs else None
         results[index] = (await _answer(service, message, request, collected), collected)
 
     tasks = [asyncio.ensure_future(one(index, message)) for index, message in enumerate(messages)]
@@ -166,34 +151,24 @@ async def _answers(
     return [r for r in results if r is not None]
 
 
-def _chat_choice(
-    index: int, final: MessageRead, logprobs: list[dict[str, Any]] | None
-) -> ChatCompletionChoice:
+def _chat_choice(index: int, final: MessageRead, logprobs: list[TokenLogprob] | None) -> ChatCompletionChoice:
     calls = final.tool_calls
     return ChatCompletionChoice(
         index=index,
         message=AssistantMessage(content=None if calls else final.content or "", tool_calls=calls),
         finish_reason=openai_finish_reason(final.finish_reason, bool(calls)),
-        logprobs=(
-            ChoiceLogprobs(content=[TokenLogprob.model_validate(e) for e in logprobs])
-            if logprobs is not None
-            else None
-        ),
+        logprobs=(ChoiceLogprobs(content=logprobs) if logprobs is not None else None),
     )
 
 
 def _completion_choice(
-    index: int, final: MessageRead, logprobs: list[dict[str, Any]] | None
+    index: int, final: MessageRead, logprobs: list[TokenLogprob] | None
 ) -> CompletionChoice:
     return CompletionChoice(
         index=index,
         text=final.content or "",
         finish_reason=openai_finish_reason(final.finish_reason),
-        logprobs=(
-            CompletionLogprobs.of([TokenLogprob.model_validate(e) for e in logprobs])
-            if logprobs is not None
-            else None
-        ),
+        logprobs=(CompletionLogprobs.of(logprobs) if logprobs is not None else None),
     )
 
 
@@ -221,7 +196,7 @@ async def _generate(
     model = await service.resolve_model(body.model, "generation")
     sampling = _sampling(body, model)
     _check_capabilities(body, sampling, model)
-    await _admit(session, settings, caller, model)
+    await service.admit(session, caller, model)
     messages: list[DbMessage] = []
     for index in range(body.choices):
         params = _sampling_of_choice(sampling, index)
@@ -291,7 +266,7 @@ async def chat_completions(
     caller: ApiCaller,
     session: SessionDep,
     settings: SettingsDep,
-    service: ServiceDep,
+    service: OpenAIServiceDep,
 ) -> Any:
     """Answer a conversation (system, user and assistant messages); ``stream`` for server-sent chunks."""
     return await _generate(request, response, body, caller, session, settings, service)
@@ -305,7 +280,7 @@ async def completions(
     caller: ApiCaller,
     session: SessionDep,
     settings: SettingsDep,
-    service: ServiceDep,
+    service: OpenAIServiceDep,
 ) -> Any:
     """Continue a raw prompt (no chat template); ``stream`` for server-sent chunks."""
     return await _generate(request, response, body, caller, session, settings, service)
@@ -318,13 +293,12 @@ async def embeddings(
     body: EmbeddingRequest,
     caller: ApiCaller,
     session: SessionDep,
-    settings: SettingsDep,
-    service: ServiceDep,
+    service: OpenAIServiceDep,
 ) -> EmbeddingResponse:
     """Embed each input with an embedding model's workers (one vector per input, in input order)."""
     model = await service.resolve_model(body.model, "embedding")
     inputs = body.inputs
-    await _admit(session, settings, caller, model)
+    await service.admit(session, caller, model)
     message = await service.submit_embedding(session, caller, model, inputs)
     await session.close()
     try:
@@ -333,8 +307,8 @@ async def embeddings(
     finally:
         await service.settle(message, finished=True)  # the vectors are read: erase them
     if len(vectors) != len(inputs):
-        raise ApiError(
-            500, "embeddings_mismatch", f"the worker returned {len(vectors)} vectors for {len(inputs)} inputs"
+        raise GenerationFailed(
+            "embeddings_mismatch", f"the worker returned {len(vectors)} vectors for {len(inputs)} inputs"
         )
     response.headers["X-Request-Id"] = message.id
     return EmbeddingResponse(

@@ -8,6 +8,13 @@ from fastapi import APIRouter, WebSocket
 from loguru import logger
 from starlette.websockets import WebSocketDisconnect
 
+from oasst_inference_server.api.deps import (
+    BrokerDep,
+    DispatchersDep,
+    LifecycleDep,
+    SessionFactoryDep,
+    SettingsDep,
+)
 from oasst_inference_server.auth.worker_keys import (
     KeyCheckUnavailable,
     find_worker_by_key,
@@ -44,15 +51,20 @@ def _key_is_valid(key: str | None, valid_keys: list[str]) -> bool:
 
 
 @router.websocket("/work")
-async def worker_work(websocket: WebSocket) -> None:
+async def worker_work(
+    websocket: WebSocket,
+    settings: SettingsDep,
+    sessions: SessionFactoryDep,
+    broker: BrokerDep,
+    lifecycle: LifecycleDep,
+    dispatchers: DispatchersDep,
+) -> None:
     """The worker socket: API-key and protocol-version handshake, then the frames of oasst_shared.protocol."""
-    state = websocket.app.state
-    settings = state.settings
     key = websocket.headers.get(API_KEY_HEADER)
     static_key = _key_is_valid(key, settings.worker_api_keys)
     # Besides the static keys of settings: the keys of workers registered through the admin API.
     try:
-        registered = None if static_key else await find_worker_by_key(state.session_factory, key)
+        registered = None if static_key else await find_worker_by_key(sessions, key)
     except KeyCheckUnavailable:
         # The database is briefly down: "try again later" (1013), which the worker retries, rather
         # than the 403 of a bad key, which it takes as final.
@@ -99,7 +111,7 @@ async def worker_work(websocket: WebSocket) -> None:
     if not isinstance(info, WorkerInfo):
         await _close_quietly(websocket, CLOSE_POLICY_VIOLATION, "the first frame must be worker_info")
         return
-    refusal = await key_refusal(info, registered, settings, state.broker)
+    refusal = await key_refusal(info, registered, settings, broker)
     if refusal is not None:
         logger.warning("refused a worker from {}: {}", websocket.client, refusal)
         await _close_quietly(websocket, CLOSE_KEY_FORBIDS, refusal[:120])
@@ -108,15 +120,15 @@ async def worker_work(websocket: WebSocket) -> None:
         websocket,
         info,
         settings=settings,
-        broker=state.broker,
-        lifecycle=state.lifecycle,
+        broker=broker,
+        lifecycle=lifecycle,
         protocol_version=version,
         worker_id=registered.id if registered else None,
-        dispatcher=state.dispatchers.for_model(info.model_config_.name),
+        dispatcher=dispatchers.for_model(info.model_config_.name),
     )
     record = functools.partial(
         record_worker_event,
-        state.session_factory,
+        sessions,
         worker_id=registered.id if registered else None,
         session_id=connection.session_id,
         model_config_name=info.model_config_.name,

@@ -1,0 +1,124 @@
+"""Submitting a generation, for every API: admission, the pending message and its ticket, the queue.
+
+The chat routes (an assistant message) and the OpenAI-compatible API (a completion, an embedding) start
+work the same way, through one :class:`SubmissionService` built at startup:
+
+1. admission: what the model's workers can honour (``admission.capabilities``), the user's rate and
+   concurrency (``admission.rate_limit``), the chat's size and the model's queue (``admission.limits``);
+2. the pending message is inserted with its fair-queue ticket (``dispatch.fair_share``) and committed;
+3. it is queued (``MessageLifecycle.enqueue``). A failure to queue is logged, not raised: the message is
+   safely pending in the database, and the recovery loop queues it.
+
+May import admission, chats, streams, dispatch, auth, db, broker, metrics, settings, errors; not api or
+openai_api.
+"""
+
+from __future__ import annotations
+
+from loguru import logger
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.admission.capabilities import check_capabilities
+from oasst_inference_server.admission.limits import check_chat_capacity, check_queue_capacity
+from oasst_inference_server.admission.rate_limit import check_generation_limits
+from oasst_inference_server.admission.request_bounds import check_system_prompt
+from oasst_inference_server.chats.chat_store import get_own_chat, get_parent_message
+from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, utcnow
+from oasst_inference_server.dispatch import fair_share
+from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
+from oasst_inference_server.domain_errors import InvalidRequest, ServiceUnavailable
+from oasst_inference_server.settings import Settings
+from oasst_shared.schemas import CreateAssistantMessageRequest, MessageState, Role, SchedulingRequest
+
+
+class SubmissionService:
+    def __init__(self, settings: Settings, lifecycle: MessageLifecycle, registry: WorkerRegistry) -> None:
+        self._settings = settings
+        self._lifecycle = lifecycle
+        self._registry = registry
+
+    async def admit(
+        self, session: AsyncSession, user_id: str, model_name: str, *, chat_id: str | None = None
+    ) -> None:
+        """May the user start a generation now (``RateLimited``), has the chat room for one more message
+        (``Conflict``), has the model's queue room (``ServiceUnavailable``)? Counted in the database."""
+        await check_generation_limits(session, self._settings, user_id)
+        if chat_id is not None:
+            await check_chat_capacity(session, self._settings, chat_id)
+        await check_queue_capacity(session, self._settings, model_name)
+
+    async def submit(
+        self,
+        session: AsyncSession,
+        message: DbMessage,
+        user: DbUser,
+        requested: SchedulingRequest,
+        *,
+        chat: DbChat | None = None,
+    ) -> DbMessage:
+        """Commit ``message`` as pending with its fair-queue ticket (and whatever else ``session`` holds;
+        ``chat``, if given, gets it as its newest message), then queue it."""
+        ticket = await fair_share.new_ticket(session, self._settings, message, requested, user=user)
+        message.scheduling = ticket.model_dump(mode="json")
+        session.add(message)
+        if chat is not None:
+            chat.modified_at = message.enqueued_at or utcnow()
+            chat.active_thread_tail_message_id = message.id
+            session.add(chat)
+        await session.commit()
+        try:
+            await self._lifecycle.enqueue(message)
+        except Exception as exc:
+            # The message is safely pending in the database; the recovery loop queues it.
+            logger.opt(exception=exc).error("could not queue message {}", message.id)
+        logger.info(
+            "message {} ({}, {}) queued for user {}",
+            message.id,
+            message.kind,
+            message.model_config_name,
+            user.id,
+        )
+        return message
+
+    async def answer_in_chat(
+        self,
+        session: AsyncSession,
+        user: DbUser,
+        chat_id: str,
+        request: CreateAssistantMessageRequest,
+        requested: SchedulingRequest,
+    ) -> DbMessage:
+        """Queue the assistant's answer to a prompter message of the user's chat."""
+        chat = await get_own_chat(session, user, chat_id)
+        parent = await get_parent_message(session, chat, request.parent_id)
+        if parent.role != Role.prompter:
+            raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
+        model = await self._chat_model(request.model_config_name)
+        check_capabilities(request.sampling_parameters, model)
+        check_system_prompt(self._settings, request.system_prompt)
+        await self.admit(session, user.id, model.config.name, chat_id=chat.id)
+        message = DbMessage(
+            chat_id=chat.id,
+            parent_id=parent.id,
+            role=Role.assistant,
+            state=MessageState.pending,
+            model_config_name=model.config.name,
+            sampling_parameters=request.sampling_parameters.model_dump(mode="json"),
+            system_prompt=request.system_prompt,
+            enqueued_at=utcnow(),
+        )
+        return await self.submit(session, message, user, requested, chat=chat)
+
+    async def _chat_model(self, name: str) -> LiveModel:
+        """The live model ``name``: ``InvalidRequest`` if unknown, ``ServiceUnavailable`` if no worker
+        serves it now."""
+        live = await self._registry.live_models()
+        if name in live:
+            return live[name]
+        available = ", ".join(sorted(live)) or "none"
+        if name in self._registry.known_model_names(live):
+            raise ServiceUnavailable(
+                "no_worker", f"no worker serves model {name!r} right now; available: {available}"
+            )
+        raise InvalidRequest("unknown_model", f"unknown model {name!r}; available models: {available}")
