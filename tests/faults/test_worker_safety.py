@@ -372,7 +372,8 @@ def test_a_thousand_readers_of_one_answer_get_429_past_the_cap_and_nobody_else_n
     model = fake_model()
     worker = start_fake_worker(safety_stack, fake_backend, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="2")
     flooder, bystander = new_api(safety_stack), new_api(safety_stack)
-    chat_id, message_id = queue(flooder, model.name, "[[slow]] a long answer", max_new_tokens=80)
+    # 30 s of answer (one token every 50 ms): it streams for the whole flood.
+    chat_id, message_id = queue(flooder, model.name, "[[slow]] a long answer", max_new_tokens=600)
     url = f"{safety_stack.url}/chats/{chat_id}/messages/{message_id}/events"
     headers = {"Authorization": f"Bearer {flooder.token}", "Accept": "text/event-stream"}
 
@@ -400,7 +401,7 @@ def test_a_thousand_readers_of_one_answer_get_429_past_the_cap_and_nobody_else_n
     cap = 8  # max_sse_readers_per_message, the default
     assert statuses.count(200) == cap, sorted(set(statuses))
     assert statuses.count(429) == 1000 - cap
-    assert len(finals) == cap and set(finals) == {"".join(f" w{i}" for i in range(1, 81))}
+    assert len(finals) == cap and set(finals) == {"".join(f" w{i}" for i in range(1, 601))}
     assert "retry" not in event_types(events)
     other = final_of(events)
     assert other["event_type"] == "message" and other["message"]["content"] == " w1 w2 w3 w4 w5"
