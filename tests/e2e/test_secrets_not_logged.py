@@ -13,6 +13,7 @@ import pytest
 
 from oasst_inference_server.auth.trusted_client import TrustedClient, encode_trusted_client
 from tests.e2e.chat_api import ChatApi
+from tests.support.clients import closing
 from tests.support.processes import wait_for_model
 from tests.support.stacks import start_stack
 
@@ -36,7 +37,7 @@ def test_a_full_run_logs_no_token_or_key(cpu_backend, tmp_path):
     )
     found: list[str] = []
     try:
-        http = httpx.Client(base_url=stack.url, timeout=120)
+        http = closing(httpx.Client(base_url=stack.url, timeout=120))
         admin = {"Authorization": f"Bearer {admin_token}"}
         worker = http.post("/admin/workers", json={"name": "logged"}, headers=admin).json()
         stack.start_worker(OASST_WORKER_API_KEY=worker["api_key"], OASST_WORKER_LOG_LEVEL="DEBUG")

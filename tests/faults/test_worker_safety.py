@@ -362,19 +362,38 @@ async def _open_reader(client, url: str, headers: dict[str, str], opened: list) 
     return response.status_code
 
 
+@pytest.fixture
+def flood_stack(cpu_backend, redis_prefix: str, tmp_path: Path) -> Iterator[Stack]:
+    """Postgres and Redis with the default ping timeout: a thousand connections at once on a busy
+    machine may hold a pong up longer than the fault stacks' two seconds."""
+    with fresh_database("oasst_flood") as database_url:
+        stack = start_stack(
+            tmp_path,
+            cpu_backend.url,
+            database_url,
+            REDIS_URL,
+            workers=0,
+            OASST_SERVER_REDIS_KEY_PREFIX=f"{redis_prefix}flood:{uuid.uuid4().hex[:6]}:",
+        )
+        try:
+            yield stack
+        finally:
+            stack.stop()
+
+
 def test_a_thousand_readers_of_one_answer_get_429_past_the_cap_and_nobody_else_notices(
-    safety_stack, fake_backend
+    flood_stack, fake_backend
 ):
     """One user opens 1,000 event streams on one answer at once: the first ``max_sse_readers_per_message``
     stream, the rest get 429 at once; the answer completes; another user's answer on the same model,
     read meanwhile, is untouched."""
 
     model = fake_model()
-    worker = start_fake_worker(safety_stack, fake_backend, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="2")
-    flooder, bystander = new_api(safety_stack), new_api(safety_stack)
+    worker = start_fake_worker(flood_stack, fake_backend, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="2")
+    flooder, bystander = new_api(flood_stack), new_api(flood_stack)
     # 30 s of answer (one token every 50 ms): it streams for the whole flood.
     chat_id, message_id = queue(flooder, model.name, "[[slow]] a long answer", max_new_tokens=600)
-    url = f"{safety_stack.url}/chats/{chat_id}/messages/{message_id}/events"
+    url = f"{flood_stack.url}/chats/{chat_id}/messages/{message_id}/events"
     headers = {"Authorization": f"Bearer {flooder.token}", "Accept": "text/event-stream"}
 
     async def flood() -> tuple[list[int], list]:

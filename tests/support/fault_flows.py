@@ -21,7 +21,7 @@ def queue(api: ChatApi, model: str, content: str, **sampling):
     prompter = api.prompter(chat_id, content)
     prompter.raise_for_status()
     response = api.assistant(chat_id, prompter.json()["id"], model, **sampling)
-    response.raise_for_status()
+    assert response.status_code == 200, response.text
     return chat_id, response.json()["id"]
 
 
