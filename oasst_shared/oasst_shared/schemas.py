@@ -484,6 +484,15 @@ class WorkerSessionRead(BaseModel):
     draining: bool | None = None
     worker_version: str | None = None
     connected_at: float | None = None
+    backend_model_id: str | None = Field(default=None, description="The model its backend says it serves")
+    backend_model_revision: str | None = Field(
+        default=None, description="The model's revision or file hash, where the backend tells"
+    )
+    backend_version: str | None = Field(default=None, description="The backend's build, where it tells")
+    trusted: bool | None = Field(default=None, description="Whether the worker's key is trusted")
+    flagged: bool | None = Field(
+        default=None, description="The key failed compliance checks and gets no user work"
+    )
 
 
 class RevokedTokensResponse(BaseModel):

@@ -536,6 +536,9 @@ class WorkerConnection:
             backend_queue_length=self.capacity.backend_queue_length,
             tokens_per_second=self.capacity.tokens_per_second,
             worker_id=self.worker_id,
+            backend_model_id=self.info.backend_model_id,
+            backend_model_revision=self.info.backend_model_revision,
+            backend_version=self.info.backend_version,
         ).record(self.session_id)
         try:
             await self._broker.put_worker_session(record, ttl=self._settings.worker_ping_timeout * 2)

@@ -189,6 +189,11 @@ _SESSION_DETAILS = {
     "draining",
     "worker_version",
     "connected_at",
+    "backend_model_id",
+    "backend_model_revision",
+    "backend_version",
+    "trusted",
+    "flagged",
 }
 
 
