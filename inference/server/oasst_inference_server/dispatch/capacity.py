@@ -30,6 +30,9 @@ class WorkerCapacity:
     backend_queue_length: int | None = None
     tokens_per_second: float | None = None  # per request, measured by the server
     available: bool = True  # healthy and not draining
+    # False for a flagged worker, or an untrusted one where the model needs trusted workers
+    # (:mod:`.trust`): it takes no user work, though its free slots stay free for compliance checks.
+    takes_user_work: bool = True
 
     @property
     def free_slots(self) -> int:
@@ -78,13 +81,14 @@ def choose_worker(workers: Iterable[WorkerCapacity], tokens: int) -> WorkerCapac
 
     Ties go to the worker with more free slots, then to the lower session id (deterministic).
     None when no worker can take the job now: it waits (it is never sent over a worker's capacity).
+    Workers that take no user work (flagged, or untrusted where the model needs trusted ones) are skipped.
     """
     candidates = list(workers)
     default = default_speed(candidates)
     best: tuple[float, int, str] | None = None
     chosen: WorkerCapacity | None = None
     for worker in candidates:
-        if worker.free_slots <= 0 or not worker.fits(tokens):
+        if not worker.takes_user_work or worker.free_slots <= 0 or not worker.fits(tokens):
             continue
         key = (finish_estimate(worker, tokens, default), -worker.free_slots, worker.session_id)
         if best is None or key < best:

@@ -90,7 +90,7 @@ class ModelDispatcher:
 
     async def _run(self) -> None:
         while self.workers:
-            if not any(c.free_slots > 0 for c in self._capacities()):
+            if not any(c.free_slots > 0 and c.takes_user_work for c in self._capacities()):
                 await self._wait_for_change()
                 continue
             try:

@@ -18,6 +18,8 @@ ADMIN_ROUTES = [
     ("GET", "/admin/workers", None),
     ("POST", "/admin/workers/{id}/api_key", None),
     ("PUT", "/admin/workers/{id}/limits", {}),
+    ("PUT", "/admin/workers/{id}/trust", {"trusted": True}),
+    ("GET", "/admin/compliance_checks", None),
     ("DELETE", "/admin/workers/{id}", None),
     ("GET", "/admin/worker_sessions", None),
     ("GET", "/admin/users/{id}", None),

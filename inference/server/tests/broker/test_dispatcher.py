@@ -107,3 +107,29 @@ async def test_a_job_too_long_for_every_kv_cache_waits(broker: Broker) -> None:
     finally:
         await dispatcher.detach(small)  # type: ignore[arg-type]
         await dispatcher.detach(big)  # type: ignore[arg-type]
+
+
+async def test_flagged_and_untrusted_workers_get_no_user_work_where_it_needs_trust(broker: Broker) -> None:
+    """A worker that takes no user work (flagged, or untrusted for a model that needs trusted workers)
+    is skipped however free it is; its jobs wait for, and go to, a worker that may take them."""
+    queue = events.work_queue_name("model-t")
+    lifecycle = StubLifecycle(broker, queue)
+    dispatcher = ModelDispatcher("model-t", broker, lifecycle)  # type: ignore[arg-type]
+    excluded = StubConnection(
+        "a-excluded", WorkerCapacity("a-excluded", declared_slots=8, takes_user_work=False)
+    )
+    dispatcher.attach(excluded)  # type: ignore[arg-type]
+    try:
+        await broker.push_work(queue, "t0", user="u0")
+        await asyncio.sleep(0.5)  # nobody may take it: it stays queued
+        assert excluded.assigned == []
+        allowed = StubConnection("b-allowed", WorkerCapacity("b-allowed", declared_slots=1))
+        dispatcher.attach(allowed)  # type: ignore[arg-type]
+        for i in range(1, 3):
+            await broker.push_work(queue, f"t{i}", user="u0")
+        await _until(lambda: len(allowed.assigned) == 1)
+        await asyncio.sleep(0.3)
+        assert excluded.assigned == [] and len(allowed.assigned) == 1  # the rest waits for room
+    finally:
+        await dispatcher.detach(excluded)  # type: ignore[arg-type]
+        await dispatcher.detach(allowed)  # type: ignore[arg-type]
