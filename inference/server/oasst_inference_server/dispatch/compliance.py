@@ -2,9 +2,11 @@
 
 Every ``settings.compliance_check_interval`` seconds (each worker on its own schedule, with jitter) an
 untrusted, unflagged worker with a free slot gets a check: a greedy job (:mod:`.compliance_rules`) sent as
-ordinary work. Its expected answer comes from a trusted worker of the same model config and a comparable
-identity (model id and revision as the workers reported them): computed once per prompt and identity and
-kept, or, the first time, computed by the trusted worker at the same time. The answers are compared token
+ordinary work. Its expected answer comes from a trusted worker of the same model config, one of a
+comparable identity (model id and revision as the workers reported them) where there is one: computed
+once per prompt and identity and kept, or, the first time, computed by the trusted worker at the same
+time. A worker whose model file or revision no trusted worker shares is compared with the tolerance
+between builds (it serves the model config under another file: a cheaper quantization, another model). The answers are compared token
 by token (:func:`.compliance_rules.compare`) and the result is recorded (:mod:`.compliance_store`), which
 flags the worker past ``settings.compliance_fail_threshold`` failures.
 
@@ -131,7 +133,14 @@ class ComplianceChecker:
         me = identity(connection)
         references = [t for t in trusted if identity(t).comparable(me)]
         if not references:
-            logger.debug("no trusted worker comparable to {}: not checked", connection.session_id)
+            # Another model file or revision under the same model config (a cheaper quantization, another
+            # model): it answers for that config, so it is held to a trusted worker's answers with the
+            # tolerance between builds.
+            references = list(trusted)
+        if not references:
+            logger.debug(
+                "no trusted worker of {}: {} not checked", me.model_config_name, connection.session_id
+            )
             return
         self._prompt_index += 1
         index = self._prompt_index % len(CHECK_PROMPTS)

@@ -6,10 +6,10 @@ the wire. Its answer is compared token by token with a trusted worker's answer t
 
 * the same backend build (model id, revision or file hash, and backend version all reported and equal):
   greedy decoding repeats exactly, so any differing token fails the check;
-* comparable but not the same build (the same model id and revision, another engine build): greedy
-  output drifts once a near-tie flips, so the answers may differ by an edit distance of at most
-  ``tolerance`` times the longer answer's tokens, counted after their common prefix;
-* anything else is not comparable and is never checked against it.
+* otherwise (another engine build of the same model file, or another file or revision of the model
+  config when no trusted worker shares it): greedy output drifts once a near-tie flips, so the answers
+  may differ by an edit distance of at most ``tolerance`` times the longer answer's tokens, counted
+  after their common prefix. Another model, or a much cheaper quantization, differs by far more.
 """
 
 from __future__ import annotations

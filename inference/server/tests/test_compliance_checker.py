@@ -1,0 +1,133 @@
+"""The compliance checker with stand-in connections: who is checked, against whom, what is kept, and
+which outcomes count."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from oasst_inference_server.dispatch.capacity import WorkerCapacity
+from oasst_inference_server.dispatch.compliance import ComplianceChecker
+from oasst_inference_server.dispatch.compliance_rules import ProbeOutcome
+from oasst_inference_server.dispatch.compliance_store import CheckResult
+from oasst_inference_server.dispatch.trust import WorkerTrust
+from oasst_inference_server.settings import Settings
+from oasst_shared.model_configs import SMOLLM2_135M
+from oasst_shared.protocol import Work, WorkerInfo
+
+
+@dataclass
+class StubConnection:
+    session_id: str
+    info: WorkerInfo
+    trust: WorkerTrust
+    answer: list[str] | None  # None: the job times out
+    worker_id: str | None = None
+    capacity: WorkerCapacity = field(default_factory=lambda: WorkerCapacity("x", declared_slots=2))
+    jobs: list[Work] = field(default_factory=list)
+
+    async def probe(self, work: Work, timeout: float) -> ProbeOutcome:
+        self.jobs.append(work)
+        if self.answer is None:
+            return ProbeOutcome(None, "", 0, "no answer within 1s")
+        return ProbeOutcome(self.answer, "".join(self.answer), len(self.answer), "answered")
+
+
+@dataclass
+class StubDispatcher:
+    workers: dict[str, StubConnection]
+
+
+@dataclass
+class StubDispatchers:
+    by_model: dict[str, StubDispatcher]
+
+
+@dataclass
+class StubRecorder:
+    results: list[CheckResult] = field(default_factory=list)
+
+    async def record(self, result: CheckResult) -> bool:
+        self.results.append(result)
+        return False
+
+
+def _info(revision: str = "sha256:1", build: str = "b1") -> WorkerInfo:
+    return WorkerInfo(
+        model_config=SMOLLM2_135M,
+        max_parallel_requests=2,
+        backend_kind="tgi",
+        backend_model_id="org/m",
+        backend_model_revision=revision,
+        backend_version=build,
+    )
+
+
+def _checker(*connections: StubConnection) -> tuple[ComplianceChecker, StubRecorder]:
+    settings = Settings(compliance_check_interval=1.0, database_url="sqlite+aiosqlite://")
+    dispatchers = StubDispatchers({"m": StubDispatcher({c.session_id: c for c in connections})})
+    recorder = StubRecorder()
+    return ComplianceChecker(settings, dispatchers, recorder), recorder  # type: ignore[arg-type]
+
+
+_clock = [0.0]
+
+
+async def _run_checks(checker: ComplianceChecker) -> None:
+    """One round: every worker's check is due (a worker seen the first time is only scheduled)."""
+    for _ in range(2):
+        _clock[0] += 10.0  # past every due time (interval 1 s, jitter at most 1.5 s)
+        checker.start_due_checks(_clock[0])
+    await asyncio.sleep(0)
+    while checker._running:
+        await asyncio.sleep(0.01)
+
+
+ANSWER = [" Paris", " is", " the", " capital", "."]
+
+
+async def test_untrusted_workers_are_checked_against_a_trusted_answer_and_trusted_ones_never():
+    trusted = StubConnection("t", _info(), WorkerTrust(trusted=True), ANSWER)
+    honest = StubConnection("h", _info(), WorkerTrust(), ANSWER)
+    liar = StubConnection("l", _info(), WorkerTrust(), [" Paris", " is", " a", " capital", "."])
+    flagged = StubConnection("f", _info(), WorkerTrust(flagged=True), ANSWER)
+    checker, recorder = _checker(trusted, honest, liar, flagged)
+    await _run_checks(checker)
+    outcomes = {r.session_id: r.outcome for r in recorder.results}
+    assert outcomes == {"h": "passed", "l": "failed"}  # the trusted and the flagged are not checked
+    failed = next(r for r in recorder.results if r.session_id == "l")
+    assert failed.reference_session_id == "t" and "token 2" in failed.detail
+    assert (failed.expected_text, failed.actual_text) == ("".join(ANSWER), " Paris is a capital.")
+    assert flagged.jobs == [] and len(trusted.jobs) == 2
+    # The trusted worker answered the same job at the same time, save the message id.
+    checked = liar.jobs[0]
+    reference = next(j for j in trusted.jobs if j.thread == checked.thread)
+    assert reference.message_id != checked.message_id
+    assert reference.model_dump(exclude={"message_id"}) == checked.model_dump(exclude={"message_id"})
+
+
+async def test_a_kept_answer_is_reused_and_a_timeout_is_inconclusive():
+    trusted = StubConnection("t", _info(), WorkerTrust(trusted=True), ANSWER)
+    slow = StubConnection("s", _info(), WorkerTrust(), None)
+    checker, recorder = _checker(trusted, slow)
+    for _ in range(20):
+        await _run_checks(checker)
+    assert {r.outcome for r in recorder.results} == {"inconclusive"}
+    assert all("no answer" in r.detail for r in recorder.results)
+    # 16 prompts: each answered once by the trusted worker, then kept.
+    assert len(trusted.jobs) <= 16 < len(slow.jobs)
+
+
+async def test_another_model_file_is_held_to_the_tolerance_and_no_trusted_worker_means_no_check():
+    answer = ANSWER * 4
+    trusted = StubConnection("t", _info(), WorkerTrust(trusted=True), answer)
+    other_file = StubConnection("o", _info(revision="sha256:2"), WorkerTrust(), [" Lyon"] * 20)
+    close_build = StubConnection("c", _info(build="b2"), WorkerTrust(), [*answer[:-1], "!"])
+    checker, recorder = _checker(trusted, other_file, close_build)
+    await _run_checks(checker)
+    outcomes = {r.session_id: r.outcome for r in recorder.results}
+    # Another build drifts by one token of 20 (within the default 10%); another file differs throughout.
+    assert outcomes == {"o": "failed", "c": "passed"}
+    lonely, recorder2 = _checker(StubConnection("u", _info(), WorkerTrust(), ANSWER))
+    await _run_checks(lonely)
+    assert recorder2.results == []
