@@ -9,17 +9,20 @@ of at least 50; user answers in flight when the worker is flagged are all comple
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
 
+from oasst_cpu_backend.settings import default_model_path
 from tests.support.altering_proxy import AlteringProxy
 from tests.support.api import ADMIN_TOKEN
 from tests.support.fake_oauth import ServerThread
 from tests.support.fault_flows import new_api, queue, wait_state
-from tests.support.processes import free_port, wait_for_model
+from tests.support.processes import free_port, start_process, wait_for_model, wait_started
 from tests.support.services import fresh_database
 from tests.support.stacks import MODEL_NAME, BackendProcess, Stack, start_stack
 
@@ -71,6 +74,30 @@ def _worker(stack: Stack, worker_id: str) -> dict:
     return next(w for w in _admin(stack, "GET", "/admin/workers").json() if w["id"] == worker_id)
 
 
+@contextlib.contextmanager
+def _own_workers(stack: Stack) -> Iterator[None]:
+    """Stops the workers a test started (their checks would slow the next test)."""
+    before = len(stack.workers)
+    try:
+        yield
+    finally:
+        for worker in stack.workers[before:]:
+            worker.stop()
+        del stack.workers[before:]
+
+
+def _tampered_model(directory: Path) -> Path:
+    """A copy of the bundled GGUF with part of its weights changed: another model file, which loads."""
+    source = default_model_path()
+    target = directory / "SmolLM2-135M-Instruct.tampered.gguf"
+    data = bytearray(source.read_bytes())
+    start, end = len(data) // 2, len(data) // 2 + len(data) // 20
+    for i in range(start, end, 3):
+        data[i] ^= 0x11
+    target.write_bytes(bytes(data))
+    return target
+
+
 def _wait(condition, timeout: float, what: str):  # type: ignore[no-untyped-def]
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -88,7 +115,7 @@ def test_a_worker_that_alters_its_output_is_flagged_and_an_honest_one_never(comp
     assert not honest["trusted"] and not liar["trusted"]
     proxy = AlteringProxy(cpu_backend.url, every=5)
     port = free_port()
-    with ServerThread(proxy.app(), port):
+    with ServerThread(proxy.app(), port), _own_workers(stack):
         stack.start_worker(OASST_WORKER_API_KEY=TRUSTED_KEY)
         wait_for_model(stack.url, MODEL_NAME)
         stack.start_worker(OASST_WORKER_API_KEY=honest["api_key"], OASST_WORKER_MAX_PARALLEL_REQUESTS="2")
@@ -165,3 +192,40 @@ def test_a_worker_that_alters_its_output_is_flagged_and_an_honest_one_never(comp
             in metrics
         )
         assert "oasst_server_workers_flagged_total 1.0" in metrics
+
+
+def test_a_worker_serving_another_model_file_is_flagged(compliance_stack, tmp_path):
+    stack = compliance_stack
+    other = _admin(stack, "POST", "/admin/workers", json={"name": "other-file"}).json()
+    port = free_port()
+    backend = start_process(
+        "tampered-backend",
+        "oasst_cpu_backend",
+        {
+            "OASST_CPU_BACKEND_HOST": "127.0.0.1",
+            "OASST_CPU_BACKEND_PORT": str(port),
+            "OASST_CPU_BACKEND_MODEL_PATH": str(_tampered_model(tmp_path)),
+        },
+        tmp_path,
+    )
+    try:
+        wait_started(f"http://127.0.0.1:{port}/health", backend, timeout=120)
+        with _own_workers(stack):
+            stack.start_worker(OASST_WORKER_API_KEY=TRUSTED_KEY)
+            stack.start_worker(backend_url=f"http://127.0.0.1:{port}", OASST_WORKER_API_KEY=other["api_key"])
+            flagged = _wait(
+                lambda: _worker(stack, other["id"])["flagged_at"] and _worker(stack, other["id"]),
+                300,
+                "the worker of another model file to be flagged",
+            )
+            assert f"{THRESHOLD} failed compliance checks" in flagged["flag_reason"]
+            sessions = _admin(stack, "GET", "/admin/worker_sessions").json()
+            mine = next(s for s in sessions if s["worker_id"] == other["id"])
+            trusted = next(s for s in sessions if s["trusted"])
+            # It reported its own file's hash: compared with the tolerance between builds, and failed.
+            assert mine["backend_model_revision"] != trusted["backend_model_revision"]
+            assert mine["flagged"] is True
+            failed = [c for c in _checks(stack, other["id"]) if c["outcome"] == "failed"]
+            assert len(failed) == THRESHOLD and "allowed between builds" in failed[0]["detail"]
+    finally:
+        backend.stop()
