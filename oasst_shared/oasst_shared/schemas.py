@@ -439,7 +439,10 @@ class ComplianceCheckRead(BaseModel):
     session_id: str = Field(description="The socket checked")
     reference_session_id: str | None = Field(description="The trusted socket that gave the expected answer")
     model_config_name: str
-    kind: str = Field(description="`output` (a check job) or `usage` (token counts of any job)")
+    kind: str = Field(
+        description="`output` (a check job), `spot` (a user job replayed on a trusted worker) or `usage` "
+        "(token counts of any job)"
+    )
     outcome: str = Field(description="`passed`, `failed` or `inconclusive` (timeouts, backend errors)")
     detail: str = Field(description="What differed, or why the check was inconclusive")
     prompt: str | None = None

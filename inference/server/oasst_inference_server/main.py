@@ -68,7 +68,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
         app.state.dispatchers = Dispatchers(broker, app.state.lifecycle)
         app.state.compliance = ComplianceRecorder(session_factory, broker, settings.compliance_fail_threshold)
-        checker = ComplianceChecker(settings, app.state.dispatchers, app.state.compliance)
+        checker = app.state.compliance_checker = ComplianceChecker(
+            settings, app.state.dispatchers, app.state.compliance
+        )
         checker_task = asyncio.create_task(checker.run(), name="compliance checks")
         app.state.submission = SubmissionService(settings, app.state.lifecycle, app.state.registry)
         app.state.openai_service = OpenAIService(

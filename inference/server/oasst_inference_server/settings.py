@@ -137,6 +137,14 @@ class Settings(BaseSettings):
         description="Seconds between compliance checks of each untrusted worker (a greedy job whose answer "
         "a trusted worker of the same model and build computed); 0: no checks",
     )
+    compliance_spot_check_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of the greedy user jobs of untrusted workers replayed on a trusted worker and "
+        "compared after the fact (costs trusted capacity; 0: off). A failed spot check keeps both answers "
+        "for the operators",
+    )
     compliance_check_max_new_tokens: int = Field(
         default=48, ge=4, le=1024, description="Tokens a compliance check asks for"
     )

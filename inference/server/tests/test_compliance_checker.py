@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from oasst_inference_server.dispatch.capacity import WorkerCapacity
 from oasst_inference_server.dispatch.compliance import ComplianceChecker
-from oasst_inference_server.dispatch.compliance_rules import ProbeOutcome
+from oasst_inference_server.dispatch.compliance_rules import ProbeOutcome, check_work
 from oasst_inference_server.dispatch.compliance_store import CheckResult
 from oasst_inference_server.dispatch.trust import WorkerTrust
 from oasst_inference_server.settings import Settings
@@ -65,7 +65,7 @@ def _info(revision: str = "sha256:1", build: str = "b1") -> WorkerInfo:
 
 def _checker(*connections: StubConnection) -> tuple[ComplianceChecker, StubRecorder]:
     settings = Settings(compliance_check_interval=1.0, database_url="sqlite+aiosqlite://")
-    dispatchers = StubDispatchers({"m": StubDispatcher({c.session_id: c for c in connections})})
+    dispatchers = StubDispatchers({SMOLLM2_135M.name: StubDispatcher({c.session_id: c for c in connections})})
     recorder = StubRecorder()
     return ComplianceChecker(settings, dispatchers, recorder), recorder  # type: ignore[arg-type]
 
@@ -131,3 +131,37 @@ async def test_another_model_file_is_held_to_the_tolerance_and_no_trusted_worker
     lonely, recorder2 = _checker(StubConnection("u", _info(), WorkerTrust(), ANSWER))
     await _run_checks(lonely)
     assert recorder2.results == []
+
+
+async def test_spot_checks_replay_greedy_user_jobs_on_a_trusted_worker():
+    trusted = StubConnection("t", _info(), WorkerTrust(trusted=True), ANSWER)
+    checked = StubConnection("u", _info(), WorkerTrust(), ANSWER)
+    checker, recorder = _checker(trusted, checked)
+    greedy = check_work("user-message-1", SMOLLM2_135M.name, 0, 16)
+    sampled = greedy.model_copy(
+        update={
+            "sampling_parameters": greedy.sampling_parameters.model_copy(
+                update={"do_sample": True, "temperature": 0.7}
+            )
+        }
+    )
+    assert not checker.wants(greedy)  # off by default
+    checker._settings = checker._settings.model_copy(update={"compliance_spot_check_fraction": 1.0})
+    assert checker.wants(greedy) and not checker.wants(sampled)
+
+    checker.spot_check(checked, greedy, list(ANSWER))
+    checker.spot_check(checked, greedy, [" Paris", " is", " lovely", "."])
+    while checker._spot_tasks:
+        await asyncio.sleep(0.01)
+    passed, failed = sorted(recorder.results, key=lambda r: r.outcome != "passed")
+    assert (passed.outcome, passed.kind, passed.expected_text, passed.actual_text) == (
+        "passed",
+        "spot",
+        None,
+        None,
+    )
+    assert (failed.outcome, failed.kind) == ("failed", "spot")
+    assert failed.actual_text == " Paris is lovely." and failed.expected_text == "".join(ANSWER)
+    # The trusted worker ran the user's job itself under another message id.
+    assert [j.thread for j in trusted.jobs] == [greedy.thread, greedy.thread]
+    assert all(j.message_id != greedy.message_id for j in trusted.jobs)

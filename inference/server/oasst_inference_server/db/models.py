@@ -200,7 +200,7 @@ class DbComplianceCheck(SQLModel, table=True):
     session_id: str = Field(max_length=64, index=True)
     reference_session_id: str | None = Field(default=None, max_length=64)
     model_config_name: str = Field(max_length=128)
-    kind: str = Field(max_length=16)  # "output" | "usage"
+    kind: str = Field(max_length=16)  # "output" | "spot" | "usage"
     outcome: str = Field(max_length=16)  # "passed" | "failed" | "inconclusive"
     detail: str = Field(default="", max_length=2000)
     prompt: str | None = Field(default=None, sa_column=Column(Text))

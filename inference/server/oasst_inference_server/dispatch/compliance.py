@@ -79,10 +79,16 @@ class ComplianceChecker:
         # (identity of the reference, prompt index) -> the trusted answer's tokens and reference session
         self._expected: dict[tuple[Identity, int], tuple[list[str], str]] = {}
         self._prompt_index = random.randrange(len(CHECK_PROMPTS))
+        self._spot_tasks: set[asyncio.Task[None]] = set()
 
     async def run(self) -> None:
         interval = self._settings.compliance_check_interval
         if interval <= 0:
+            try:
+                await asyncio.Event().wait()  # spot checks may still run; cancelled at shutdown
+            finally:
+                for task in self._spot_tasks:
+                    task.cancel()
             return
         tick = min(1.0, interval / 4)
         try:
@@ -93,10 +99,11 @@ class ComplianceChecker:
                 except Exception as exc:  # a bug here must not stop checking for good
                     logger.opt(exception=exc).error("compliance checker pass failed")
         finally:
-            for task in self._running.values():
+            tasks = [*self._running.values(), *self._spot_tasks]
+            for task in tasks:
                 task.cancel()
             with contextlib.suppress(Exception):
-                await asyncio.gather(*self._running.values(), return_exceptions=True)
+                await asyncio.gather(*tasks, return_exceptions=True)
 
     def _connections(self) -> Iterable[list[Checkable]]:
         for dispatcher in list(self._dispatchers.by_model.values()):
@@ -128,6 +135,66 @@ class ComplianceChecker:
 
     def _finished(self, session_id: str, _: asyncio.Task[None]) -> None:
         self._running.pop(session_id, None)
+
+    # ------------------------------------------------------------ spot checks of real traffic
+    def wants(self, work: Work) -> bool:
+        """Draw a greedy user job for a spot check (sampled answers cannot be compared token by token)."""
+        fraction = self._settings.compliance_spot_check_fraction
+        return fraction > 0 and work.sampling_parameters.is_greedy and random.random() < fraction
+
+    def spot_check(self, connection: object, work: Work, tokens: list[str]) -> None:
+        """Replay a finished user job on a trusted worker and compare, after the fact (in a task)."""
+        checked = cast(Checkable, connection)
+        task = asyncio.create_task(self._spot_check(checked, work, tokens), name="spot check")
+        self._spot_tasks.add(task)
+        task.add_done_callback(self._spot_tasks.discard)
+
+    async def _spot_check(self, connection: Checkable, work: Work, tokens: list[str]) -> None:
+        me = identity(connection)
+        dispatcher = self._dispatchers.by_model.get(me.model_config_name)
+        if dispatcher is None:
+            return
+        workers = [cast(Checkable, c) for c in dispatcher.workers.values() if hasattr(c, "probe")]
+        trusted = [c for c in workers if c.trust.trusted and not c.trust.flagged]
+        references = [t for t in trusted if identity(t).comparable(me)] or trusted
+        source = next((t for t in references if t.capacity.free_slots > 0), None)
+        if source is None:
+            return  # no trusted room now: this job goes unchecked (spot checks are a sample)
+        replay = work.model_copy(update={"message_id": str(uuid.uuid4()), "attempt": 1})
+        expected = await source.probe(replay, self._settings.compliance_check_timeout)
+        result = CheckResult(
+            worker_id=connection.worker_id,
+            session_id=connection.session_id,
+            model_config_name=me.model_config_name,
+            kind="spot",
+            outcome=INCONCLUSIVE,
+            detail="",
+            reference_session_id=source.session_id,
+        )
+        if expected.tokens is None:
+            await self._recorder.record(
+                _with(result, INCONCLUSIVE, f"the trusted worker gave no answer: {expected.detail}")
+            )
+            return
+        verdict = compare(
+            expected.tokens,
+            tokens,
+            same_build=identity(source).same_build(me),
+            tolerance=self._settings.compliance_tolerance,
+        )
+        if verdict.passed:
+            await self._recorder.record(_with(result, PASSED, verdict.detail))
+            return
+        # Only a failure keeps the user's texts: the operator needs the evidence.
+        await self._recorder.record(
+            replace(
+                result,
+                outcome=FAILED,
+                detail=verdict.detail,
+                expected_text=expected.text,
+                actual_text="".join(tokens),
+            )
+        )
 
     async def _check(self, connection: Checkable, trusted: list[Checkable]) -> None:
         me = identity(connection)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import Protocol
 
 from oasst_shared.openai_schemas import ChatCompletionRequest
 from oasst_shared.protocol import ChatTurn, Work
@@ -75,6 +76,17 @@ class ProbeOutcome:
     text: str
     claimed_tokens: int
     detail: str
+
+
+class SpotChecks(Protocol):
+    """Where a connection hands a finished greedy user job of an untrusted worker to be replayed on a
+    trusted worker and compared after the fact (``compliance.ComplianceChecker``)."""
+
+    def wants(self, work: Work) -> bool:
+        """Whether to keep this job's tokens for a spot check (a draw of the configured fraction)."""
+        ...
+
+    def spot_check(self, connection: object, work: Work, tokens: list[str]) -> None: ...
 
 
 @dataclass(frozen=True)

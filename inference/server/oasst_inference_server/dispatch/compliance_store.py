@@ -32,7 +32,7 @@ class CheckResult:
     worker_id: str | None
     session_id: str
     model_config_name: str
-    kind: str  # "output" | "usage"
+    kind: str  # "output" | "spot" | "usage"
     outcome: str
     detail: str
     reference_session_id: str | None = None

@@ -34,7 +34,7 @@ from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.capacity import WorkerCapacity
-from oasst_inference_server.dispatch.compliance_rules import ProbeOutcome
+from oasst_inference_server.dispatch.compliance_rules import ProbeOutcome, SpotChecks
 from oasst_inference_server.dispatch.compliance_store import (
     FAILED,
     FLAG_COMMAND,
@@ -113,6 +113,7 @@ class WorkerConnection:
         worker_id: str | None = None,
         trust: WorkerTrust | None = None,
         compliance: ComplianceRecorder | None = None,
+        spot_checks: SpotChecks | None = None,
     ):
         self.websocket = websocket
         self.worker_id = worker_id
@@ -121,6 +122,9 @@ class WorkerConnection:
         # Compliance checks in flight: message id -> the check. They are never stored as messages, so
         # they reach no user and count in no usage or fair share; on the wire they are plain work.
         self._probes: dict[str, _Probe] = {}
+        # User jobs drawn for a spot check: their streamed token texts, compared after the fact.
+        self._spot_checks = spot_checks
+        self._spot_tokens: dict[str, list[str]] = {}
         self.info = info
         self.protocol_version = protocol_version
         self.session_id = f"ws-{uuid.uuid4().hex[:20]}"
@@ -357,6 +361,11 @@ class WorkerConnection:
                     self._streamed_bytes.get(frame.message_id, 0),
                 )
                 await self._check_usage(frame, result)
+                spot = self._spot_tokens.get(frame.message_id)
+                work_sent = self._work.get(frame.message_id)
+                if spot is not None and work_sent is not None and self._spot_checks is not None:
+                    if frame.finish_reason in ("length", "eos_token", "stop_sequence"):
+                        self._spot_checks.spot_check(self, work_sent, list(spot))
                 await self._relay.flush()  # the terminal event comes after every token
                 await self._durably(
                     lambda: self._lifecycle.complete(self.session_id, result),
@@ -424,6 +433,8 @@ class WorkerConnection:
             self._capacity_changed()
             if isinstance(work, Work):
                 self._work[message_id] = work
+                if self._spot_checks is not None and not self.trust.trusted and self._spot_checks.wants(work):
+                    self._spot_tokens[message_id] = []
             self._dispatched_at[message_id] = time.monotonic()
             metrics.DISPATCHED.labels(self.model_name).inc()
             metrics.IN_FLIGHT.labels(self.model_name).inc()
@@ -492,6 +503,9 @@ class WorkerConnection:
             self._streamed_bytes[token.message_id] = self._streamed_bytes.get(token.message_id, 0) + len(
                 token.text.encode("utf-8")
             )
+            spot = self._spot_tokens.get(token.message_id)
+            if spot is not None:
+                spot.append(token.text)
             logprobs = [e.model_dump(mode="json") for e in token.logprobs] if token.logprobs else None
             await self._relay.add(token.message_id, token.text, logprobs)
 
@@ -579,6 +593,7 @@ class WorkerConnection:
         self._first_token_at.pop(message_id, None)
         self._work.pop(message_id, None)
         self._streamed_bytes.pop(message_id, None)
+        self._spot_tokens.pop(message_id, None)
         if self.capacity.reported_free_slots is not None:
             self.capacity.reported_free_slots += 1
         self._capacity_changed()

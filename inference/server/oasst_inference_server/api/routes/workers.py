@@ -15,6 +15,7 @@ from oasst_inference_server.api.deps import (
     LifecycleDep,
     SessionFactoryDep,
     SettingsDep,
+    SpotChecksDep,
 )
 from oasst_inference_server.auth.worker_keys import (
     KeyCheckUnavailable,
@@ -61,6 +62,7 @@ async def worker_work(
     lifecycle: LifecycleDep,
     dispatchers: DispatchersDep,
     compliance: ComplianceDep,
+    spot_checks: SpotChecksDep,
 ) -> None:
     """The worker socket: API-key and protocol-version handshake, then the frames of oasst_shared.protocol."""
     key = websocket.headers.get(API_KEY_HEADER)
@@ -135,6 +137,7 @@ async def worker_work(
             flag_reason=registered.flag_reason if registered else None,
         ),
         compliance=compliance,
+        spot_checks=spot_checks,
     )
     record = functools.partial(
         record_worker_event,
