@@ -131,6 +131,11 @@ class Settings(BaseSettings):
         description="Model config names whose user work only trusted workers get (untrusted workers of "
         "these models still connect and are compliance-checked)",
     )
+    trusted_workers_only_tiers: list[str] = Field(
+        default_factory=list,
+        description="User tiers (keys of `user_tiers`) whose work only trusted workers get, whatever the "
+        "model",
+    )
     compliance_check_interval: float = Field(
         default=0.0,
         ge=0,
@@ -341,6 +346,15 @@ class Settings(BaseSettings):
     # Off: API requests keep only their token counts once answered. On: each API conversation is
     # stored as a chat of the user, visible in the chat list.
     store_api_conversations: bool = False
+
+    @model_validator(mode="after")
+    def _trusted_only_tiers_exist(self) -> Settings:
+        unknown = [t for t in self.trusted_workers_only_tiers if t not in self.user_tiers]
+        if unknown:
+            raise ValueError(
+                f"trusted_workers_only_tiers names tiers not in user_tiers: {', '.join(unknown)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _trusted_client_names(self) -> Settings:

@@ -93,3 +93,19 @@ def test_choose_worker_skips_workers_that_take_no_user_work():
     slow = WorkerCapacity("b", declared_slots=1, tokens_per_second=1.0)
     assert choose_worker([fast_but_flagged, slow], 10) is slow
     assert choose_worker([fast_but_flagged], 10) is None
+
+
+def test_trusted_only_work_goes_to_trusted_workers_only():
+    fast_untrusted = WorkerCapacity("a", declared_slots=4, tokens_per_second=100.0)
+    slow_trusted = WorkerCapacity("b", declared_slots=1, tokens_per_second=1.0, trusted=True)
+    assert choose_worker([fast_untrusted, slow_trusted], 10) is fast_untrusted
+    assert choose_worker([fast_untrusted, slow_trusted], 10, trusted_only=True) is slow_trusted
+    assert choose_worker([fast_untrusted], 10, trusted_only=True) is None
+
+
+def test_trusted_only_tiers_must_be_tiers():
+    from oasst_inference_server.settings import Settings
+
+    assert Settings(trusted_workers_only_tiers=["priority"]).trusted_workers_only_tiers == ["priority"]
+    with pytest.raises(ValueError, match="not in user_tiers: gold"):
+        Settings(trusted_workers_only_tiers=["gold"])

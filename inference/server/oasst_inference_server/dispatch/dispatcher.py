@@ -117,16 +117,21 @@ class ModelDispatcher:
     async def _place(self, message_id: str) -> None:
         capacities = self._capacities()
         tokens = 0
-        if any(c.kv_cache_free_tokens is not None for c in capacities):
-            # Only the KV-cache check needs the job's size (the ranking by speed does not).
+        trusted_only = False
+        # Only the KV-cache check needs the job's size (the ranking by speed does not), and only an
+        # untrusted worker that could take it needs the user's tier (trusted-only tiers).
+        if any(
+            c.kv_cache_free_tokens is not None or (c.takes_user_work and not c.trusted) for c in capacities
+        ):
             message = await self._lifecycle.get(message_id)
             if message is None or message.state != MessageState.pending:
                 return  # stale hint
             ticket = fair_share.stored_ticket(message)
             tokens = ticket.prompt_tokens + ticket.max_new_tokens if ticket else 0
+            trusted_only = ticket.trusted_only if ticket else False
             if self.max_total_length is not None:
                 tokens = min(tokens, self.max_total_length)
-        chosen = choose_worker(capacities, tokens)
+        chosen = choose_worker(capacities, tokens, trusted_only=trusted_only)
         if chosen is None:
             # No room after all (a worker left or filled), or too long for every free KV cache: the job
             # goes back, keeping its user's place, and waits for a worker that can take it.

@@ -175,6 +175,7 @@ class WorkerConnection:
         self.capacity.takes_user_work = self.trust.may_take_user_work(
             self.model_name, self._settings.trusted_workers_only_models
         )
+        self.capacity.trusted = self.trust.trusted and not self.trust.flagged
 
     def _capacity_changed(self) -> None:
         self._capacity_changed_quietly()

@@ -133,3 +133,35 @@ async def test_flagged_and_untrusted_workers_get_no_user_work_where_it_needs_tru
     finally:
         await dispatcher.detach(excluded)  # type: ignore[arg-type]
         await dispatcher.detach(allowed)  # type: ignore[arg-type]
+
+
+async def test_a_trusted_only_job_waits_for_a_trusted_worker(broker: Broker) -> None:
+    """A job of a trusted-only tier (its ticket says so) never goes to an untrusted worker."""
+    queue = events.work_queue_name("model-q")
+
+    @dataclass
+    class TieredLifecycle(StubLifecycle):
+        trusted_only: set[str] = field(default_factory=set)
+
+        async def get(self, message_id: str) -> StubMessage:
+            message = await super().get(message_id)
+            assert message.scheduling is not None
+            message.scheduling["trusted_only"] = message_id in self.trusted_only
+            return message
+
+    lifecycle = TieredLifecycle(broker, queue, trusted_only={"vip"})
+    dispatcher = ModelDispatcher("model-q", broker, lifecycle)  # type: ignore[arg-type]
+    untrusted = StubConnection("a-untrusted", WorkerCapacity("a-untrusted", declared_slots=4))
+    dispatcher.attach(untrusted)  # type: ignore[arg-type]
+    trusted = StubConnection("b-trusted", WorkerCapacity("b-trusted", declared_slots=1, trusted=True))
+    try:
+        await broker.push_work(queue, "vip", user="u1")
+        await asyncio.sleep(0.5)
+        assert untrusted.assigned == []
+        dispatcher.attach(trusted)  # type: ignore[arg-type]
+        await _until(lambda: trusted.assigned == ["vip"])
+        await broker.push_work(queue, "plain", user="u2")
+        await _until(lambda: untrusted.assigned == ["plain"])
+    finally:
+        await dispatcher.detach(untrusted)  # type: ignore[arg-type]
+        await dispatcher.detach(trusted)  # type: ignore[arg-type]
