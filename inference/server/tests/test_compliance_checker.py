@@ -98,6 +98,8 @@ async def test_untrusted_workers_are_checked_against_a_trusted_answer_and_truste
     failed = next(r for r in recorder.results if r.session_id == "l")
     assert failed.reference_session_id == "t" and "token 2" in failed.detail
     assert (failed.expected_text, failed.actual_text) == ("".join(ANSWER), " Paris is a capital.")
+    passed = next(r for r in recorder.results if r.session_id == "h")
+    assert (passed.expected_text, passed.actual_text) == (None, None)  # texts only as evidence
     assert flagged.jobs == [] and len(trusted.jobs) == 2
     # The trusted worker answered the same job at the same time, save the message id.
     checked = liar.jobs[0]

@@ -63,10 +63,8 @@ async def record_check(sessions: async_sessionmaker[AsyncSession], result: Check
                 outcome=result.outcome,
                 detail=result.detail[:2000],
                 prompt=result.prompt,
-                expected_text=(result.expected_text or "")[:_TEXT_LIMIT] if result.expected_text else None,
-                actual_text=(result.actual_text or "")[:_TEXT_LIMIT]
-                if result.actual_text is not None
-                else None,
+                expected_text=_bounded(result.expected_text),
+                actual_text=_bounded(result.actual_text),
             )
         )
         await session.commit()
@@ -79,6 +77,10 @@ async def record_check(sessions: async_sessionmaker[AsyncSession], result: Check
             if worker is not None and worker.checks_cleared_at is not None:
                 query = query.where(DbComplianceCheck.created_at > worker.checks_cleared_at)
         return int((await session.exec(query)).one())
+
+
+def _bounded(text: str | None) -> str | None:
+    return None if text is None else text[:_TEXT_LIMIT]
 
 
 async def flag_worker(sessions: async_sessionmaker[AsyncSession], worker_id: str, reason: str) -> bool:
