@@ -66,7 +66,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.broker = broker
         app.state.registry = WorkerRegistry(broker)
         app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
-        app.state.dispatchers = Dispatchers(broker, app.state.lifecycle)
+        app.state.dispatchers = Dispatchers(
+            broker, app.state.lifecycle, trusted_only_tiers=bool(settings.trusted_workers_only_tiers)
+        )
         app.state.compliance = ComplianceRecorder(session_factory, broker, settings.compliance_fail_threshold)
         checker = app.state.compliance_checker = ComplianceChecker(
             settings, app.state.dispatchers, app.state.compliance

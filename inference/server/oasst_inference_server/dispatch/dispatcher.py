@@ -48,8 +48,13 @@ _NO_FIT_BACKOFF = 1.0
 
 
 class ModelDispatcher:
-    def __init__(self, model: str, broker: Broker, lifecycle: Requeuing) -> None:
+    def __init__(
+        self, model: str, broker: Broker, lifecycle: Requeuing, *, trusted_only_tiers: bool = False
+    ) -> None:
         self.model = model
+        # Whether some user tier needs trusted workers (settings.trusted_workers_only_tiers): only then
+        # is a job's ticket read to place it away from untrusted workers.
+        self._trusted_only_tiers = trusted_only_tiers
         self.queue = events.work_queue_name(model)
         self._broker = broker
         self._lifecycle = lifecycle
@@ -144,13 +149,16 @@ class ModelDispatcher:
 class Dispatchers:
     """This replica's dispatchers, one per model, created on its first worker connection."""
 
-    def __init__(self, broker: Broker, lifecycle: Requeuing) -> None:
+    def __init__(self, broker: Broker, lifecycle: Requeuing, *, trusted_only_tiers: bool = False) -> None:
         self._broker = broker
         self._lifecycle = lifecycle
+        self._trusted_only_tiers = trusted_only_tiers
         self.by_model: dict[str, ModelDispatcher] = {}
 
     def for_model(self, model: str) -> ModelDispatcher:
         dispatcher = self.by_model.get(model)
         if dispatcher is None:
-            dispatcher = self.by_model[model] = ModelDispatcher(model, self._broker, self._lifecycle)
+            dispatcher = self.by_model[model] = ModelDispatcher(
+                model, self._broker, self._lifecycle, trusted_only_tiers=self._trusted_only_tiers
+            )
         return dispatcher

@@ -150,7 +150,7 @@ async def test_a_trusted_only_job_waits_for_a_trusted_worker(broker: Broker) -> 
             return message
 
     lifecycle = TieredLifecycle(broker, queue, trusted_only={"vip"})
-    dispatcher = ModelDispatcher("model-q", broker, lifecycle)  # type: ignore[arg-type]
+    dispatcher = ModelDispatcher("model-q", broker, lifecycle, trusted_only_tiers=True)  # type: ignore[arg-type]
     untrusted = StubConnection("a-untrusted", WorkerCapacity("a-untrusted", declared_slots=4))
     dispatcher.attach(untrusted)  # type: ignore[arg-type]
     trusted = StubConnection("b-trusted", WorkerCapacity("b-trusted", declared_slots=1, trusted=True))
