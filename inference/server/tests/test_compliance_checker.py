@@ -167,3 +167,44 @@ async def test_spot_checks_replay_greedy_user_jobs_on_a_trusted_worker():
     # The trusted worker ran the user's job itself under another message id.
     assert [j.thread for j in trusted.jobs] == [greedy.thread, greedy.thread]
     assert all(j.message_id != greedy.message_id for j in trusted.jobs)
+
+
+class _Dispatcher:
+    def __init__(self) -> None:
+        self.changes = 0
+
+    def capacity_changed(self) -> None:
+        self.changes += 1
+
+
+def _connection(settings: Settings, trust: WorkerTrust):  # type: ignore[no-untyped-def]
+    from oasst_inference_server.dispatch.worker_connection import WorkerConnection
+
+    return WorkerConnection(
+        None,  # type: ignore[arg-type]  # never touched before run()
+        _info(),
+        settings=settings,
+        broker=None,  # type: ignore[arg-type]
+        lifecycle=None,  # type: ignore[arg-type]
+        dispatcher=_Dispatcher(),  # type: ignore[arg-type]
+        trust=trust,
+    )
+
+
+async def test_a_connection_takes_user_work_as_its_trust_and_the_settings_say():
+    free = Settings(database_url="sqlite+aiosqlite://")
+    guarded = Settings(database_url="sqlite+aiosqlite://", trusted_workers_only_models=[SMOLLM2_135M.name])
+    assert _connection(free, WorkerTrust()).capacity.takes_user_work
+    assert not _connection(guarded, WorkerTrust()).capacity.takes_user_work
+    trusted = _connection(guarded, WorkerTrust(trusted=True))
+    assert trusted.capacity.takes_user_work and trusted.capacity.trusted
+    assert not _connection(free, WorkerTrust(flagged=True)).capacity.takes_user_work
+    # Flagging a live connection (the broker command of compliance_store) stops its user work at once.
+    live = _connection(free, WorkerTrust())
+    live._publish_session = _nothing  # type: ignore[method-assign]
+    await live.flag("3 failed compliance checks")
+    assert not live.capacity.takes_user_work and live.trust.flag_reason == "3 failed compliance checks"
+
+
+async def _nothing() -> None:
+    return None
