@@ -208,6 +208,25 @@ class WorkerInfo(_Frame):
         default_factory=WorkerCapabilities,
         description="Protocol 3: what the backend can honour beyond plain sampling.",
     )
+    backend_model_id: str | None = Field(
+        None,
+        max_length=256,
+        description="Protocol 3: the model the backend says it serves (TGI and CPU `/info` `model_id`, "
+        "the OpenAI-style `/v1/models` id); null where it does not tell.",
+    )
+    backend_model_revision: str | None = Field(
+        None,
+        max_length=256,
+        description="Protocol 3: the model's revision or file hash where the backend tells it (TGI "
+        "`model_sha`; the bundled CPU backend's SHA-256 of its GGUF file). Compliance checks compare only "
+        "workers whose model id and revision agree.",
+    )
+    backend_version: str | None = Field(
+        None,
+        max_length=256,
+        description="Protocol 3: the backend's software build where it tells it (TGI `version` and `sha`, "
+        "the CPU backend's version and llama.cpp version); greedy output repeats exactly within one build.",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
 

@@ -412,6 +412,43 @@ class WorkerRead(BaseModel):
     allowed_models: list[str] | None = None
     max_slots: int | None = None
     max_sockets: int | None = None
+    trusted: bool = Field(default=False, description="Trusted workers are never compliance-checked")
+    flagged_at: datetime | None = Field(
+        default=None, description="When the key failed too many compliance checks (it gets no user work)"
+    )
+    flag_reason: str | None = Field(default=None, description="Why it was flagged")
+
+
+class WorkerTrustUpdate(_Request):
+    """Trust a worker key or not, and clear its compliance flag; its open sockets reconnect under it."""
+
+    trusted: bool = Field(description="Trusted keys are never compliance-checked and answer the checks")
+    clear_flag: bool = Field(
+        default=False, description="Lift the compliance flag (the key takes user work again)"
+    )
+
+
+class ComplianceCheckRead(BaseModel):
+    """One compliance check of a worker: a greedy job compared with a trusted worker's answer, or a
+    usage claim compared with the server's own count."""
+
+    model_config = ConfigDict(protected_namespaces=())
+
+    id: str
+    worker_id: str | None = Field(description="The registered worker; null for a static key")
+    session_id: str = Field(description="The socket checked")
+    reference_session_id: str | None = Field(description="The trusted socket that gave the expected answer")
+    model_config_name: str
+    kind: str = Field(
+        description="`output` (a check job), `spot` (a user job replayed on a trusted worker) or `usage` "
+        "(token counts of any job)"
+    )
+    outcome: str = Field(description="`passed`, `failed` or `inconclusive` (timeouts, backend errors)")
+    detail: str = Field(description="What differed, or why the check was inconclusive")
+    prompt: str | None = None
+    expected_text: str | None = Field(default=None, description="The trusted worker's answer")
+    actual_text: str | None = Field(default=None, description="The checked worker's answer")
+    created_at: datetime
 
 
 class WorkerCreated(WorkerRead):
@@ -484,6 +521,15 @@ class WorkerSessionRead(BaseModel):
     draining: bool | None = None
     worker_version: str | None = None
     connected_at: float | None = None
+    backend_model_id: str | None = Field(default=None, description="The model its backend says it serves")
+    backend_model_revision: str | None = Field(
+        default=None, description="The model's revision or file hash, where the backend tells"
+    )
+    backend_version: str | None = Field(default=None, description="The backend's build, where it tells")
+    trusted: bool | None = Field(default=None, description="Whether the worker's key is trusted")
+    flagged: bool | None = Field(
+        default=None, description="The key failed compliance checks and gets no user work"
+    )
 
 
 class RevokedTokensResponse(BaseModel):

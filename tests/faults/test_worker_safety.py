@@ -22,6 +22,7 @@ from websockets.exceptions import ConnectionClosed
 
 from oasst_shared.protocol import PROTOCOL_VERSION, GeneratedText, Pong, Token, WorkerInfo, dump_frame
 from tests.e2e.chat_api import ChatApi
+from tests.support.api import ADMIN_TOKEN
 from tests.support.fake_workers import (
     FAST_TIMINGS,
     FakeBackend,
@@ -65,6 +66,7 @@ def safety_stack(
         REDIS_URL,
         workers=0,
         OASST_SERVER_REDIS_KEY_PREFIX=f"{redis_prefix}safety:{uuid.uuid4().hex[:6]}:",
+        OASST_SERVER_ADMIN_ROOT_TOKEN=ADMIN_TOKEN,
         **SAFETY_TIMINGS,
     )
     yield stack
@@ -283,6 +285,32 @@ def test_usage_is_bounded_by_what_the_server_saw(safety_stack):
             message = await asyncio.to_thread(wait_state, api, chat_id, message_id, {"complete"}, 20)
             assert message["generated_tokens"] <= 50
             assert message["prompt_tokens"] < 1000
+            # The lie itself is caught by the server's own count: a failed compliance check of the worker.
+            checks = httpx.get(
+                f"{safety_stack.url}/admin/compliance_checks",
+                params={"outcome": "failed"},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                timeout=10,
+            ).json()
+            caught = [c for c in checks if c["kind"] == "usage" and message_id in c["detail"]]
+            assert len(caught) == 1, checks
+            assert "claimed 1000000 generated tokens" in caught[0]["detail"]
+
+        async with RawWorker(safety_stack, model) as worker:
+            # An honest count (within the slack of tokens that leave no text) is no failure.
+            chat_id, message_id = await asyncio.to_thread(queue, api, model.name, "hi", max_new_tokens=50)
+            await worker.next_frame("work")
+            await worker.ws.send(dump_frame(Token(message_id=message_id, text=" ok")))
+            honest = forged.model_copy(update={"message_id": message_id, "generated_tokens": 3})
+            await worker.ws.send(dump_frame(honest))
+            await asyncio.to_thread(wait_state, api, chat_id, message_id, {"complete"}, 20)
+            checks = httpx.get(
+                f"{safety_stack.url}/admin/compliance_checks",
+                params={"outcome": "failed"},
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+                timeout=10,
+            ).json()
+            assert not [c for c in checks if message_id in c["detail"]]
 
     asyncio.run(scenario())
 

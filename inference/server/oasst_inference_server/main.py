@@ -31,6 +31,8 @@ from oasst_inference_server.api.routes import (
 from oasst_inference_server.broker import create_broker
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
+from oasst_inference_server.dispatch.compliance import ComplianceChecker
+from oasst_inference_server.dispatch.compliance_store import ComplianceRecorder
 from oasst_inference_server.dispatch.dispatcher import Dispatchers
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
@@ -64,7 +66,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.broker = broker
         app.state.registry = WorkerRegistry(broker)
         app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
-        app.state.dispatchers = Dispatchers(broker, app.state.lifecycle)
+        app.state.dispatchers = Dispatchers(
+            broker, app.state.lifecycle, trusted_only_tiers=bool(settings.trusted_workers_only_tiers)
+        )
+        app.state.compliance = ComplianceRecorder(session_factory, broker, settings.compliance_fail_threshold)
+        checker = app.state.compliance_checker = ComplianceChecker(
+            settings, app.state.dispatchers, app.state.compliance
+        )
+        checker_task = asyncio.create_task(checker.run(), name="compliance checks")
         app.state.submission = SubmissionService(settings, app.state.lifecycle, app.state.registry)
         app.state.openai_service = OpenAIService(
             settings, session_factory, broker, app.state.lifecycle, app.state.registry, app.state.submission
@@ -81,6 +90,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             recovery.stopping.set()
             recovery_task.cancel()
+            checker_task.cancel()
+            await asyncio.wait([checker_task], timeout=3.0)
             # Bounded: a broker call that swallows the cancellation must not hang the shutdown.
             await asyncio.wait([recovery_task], timeout=3.0)
             await recovery.stop()

@@ -46,6 +46,17 @@ COMPLETED = Counter(
 RETRIES = Counter(
     "oasst_server_retries_total", "Messages sent back to the queue", ["model"], registry=REGISTRY
 )
+COMPLIANCE_CHECKS = Counter(
+    "oasst_server_compliance_checks_total",
+    "Compliance checks of untrusted workers, by kind (output, usage) and outcome",
+    ["model", "kind", "outcome"],
+    registry=REGISTRY,
+)
+WORKERS_FLAGGED = Counter(
+    "oasst_server_workers_flagged_total",
+    "Worker keys flagged for failing compliance checks",
+    registry=REGISTRY,
+)
 CANCELS = Counter("oasst_server_cancels_total", "Cancel requests", registry=REGISTRY)
 ERRORS = Counter("oasst_server_errors_total", "Errors by kind", ["kind"], registry=REGISTRY)
 TOKENS = Counter(

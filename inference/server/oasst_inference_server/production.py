@@ -17,6 +17,7 @@ class Settings(Protocol):
 
     auth_secret: str
     worker_api_keys: list[str]
+    trusted_worker_api_keys: list[str]
     admin_root_token: str | None
     metrics_token: str | None
     auth_github_client_id: str | None
@@ -66,6 +67,8 @@ def production_problems(settings: Settings) -> list[str]:
             "OASST_SERVER_WORKER_API_KEYS: each key needs 16+ random characters (the development key "
             "is refused); or leave it empty and create keys with `oasst-server admin create-worker-key`"
         )
+    if any(_weak(k, MIN_KEY_LENGTH) for k in settings.trusted_worker_api_keys):
+        problems.append("OASST_SERVER_TRUSTED_WORKER_API_KEYS: each key needs 16+ random characters")
     if any(_weak(k, MIN_KEY_LENGTH) for k in settings.trusted_client_keys().values()):
         problems.append("OASST_SERVER_TRUSTED_CLIENT_API_KEYS: each key needs 16+ random characters")
     if settings.admin_root_token is not None and _weak(settings.admin_root_token, MIN_SECRET_LENGTH):

@@ -120,6 +120,66 @@ class Settings(BaseSettings):
         default=120.0, gt=0, description="Seconds added to the in-progress bound (prompt reading, queueing)"
     )
 
+    trusted_worker_api_keys: list[str] = Field(
+        default_factory=list,
+        description="Keys of `worker_api_keys` whose workers are trusted: never compliance-checked, and "
+        "the source of the checks' expected answers. Admin-created keys are untrusted until "
+        "`PUT /admin/workers/{id}/trust`",
+    )
+    trusted_workers_only_models: list[str] = Field(
+        default_factory=list,
+        description="Model config names whose user work only trusted workers get (untrusted workers of "
+        "these models still connect and are compliance-checked)",
+    )
+    trusted_workers_only_tiers: list[str] = Field(
+        default_factory=list,
+        description="User tiers (keys of `user_tiers`) whose work only trusted workers get, whatever the "
+        "model",
+    )
+    compliance_check_interval: float = Field(
+        default=0.0,
+        ge=0,
+        description="Seconds between compliance checks of each untrusted worker (a greedy job whose answer "
+        "a trusted worker of the same model and build computed); 0: no checks",
+    )
+    compliance_spot_check_fraction: float = Field(
+        default=0.0,
+        ge=0,
+        le=1,
+        description="Share of the greedy user jobs of untrusted workers replayed on a trusted worker and "
+        "compared after the fact (costs trusted capacity; 0: off). A failed spot check keeps both answers "
+        "for the operators",
+    )
+    compliance_check_max_new_tokens: int = Field(
+        default=48, ge=4, le=1024, description="Tokens a compliance check asks for"
+    )
+    compliance_check_timeout: float = Field(
+        default=120.0,
+        gt=0,
+        description="Seconds a compliance check may take; a check that times out or fails for backend "
+        "reasons is inconclusive, never a failure",
+    )
+    compliance_tolerance: float = Field(
+        default=0.1,
+        ge=0,
+        le=1,
+        description="Between workers of different backend builds: the share of tokens (edit distance over "
+        "the longer answer, after the first differing token) an answer may differ by; the same build "
+        "must match token for token",
+    )
+    compliance_fail_threshold: int = Field(
+        default=3,
+        ge=1,
+        description="Failed compliance checks (mismatches, and usage claims far over what the server "
+        "counted) after which a worker's key is flagged and gets no user work",
+    )
+    usage_overclaim_tokens: int = Field(
+        default=256,
+        ge=1,
+        description="A worker whose reported generated tokens exceed what the server counted by more than "
+        "this fails a check (the usage billed is capped by the server's count in any case)",
+    )
+
     recovery_interval: float = Field(default=2.0, gt=0, description="Seconds between recovery passes")
     requeue_grace: float = Field(default=5.0, ge=0, description="Age before a pending message is re-queued")
     no_worker_timeout: float = Field(
@@ -286,6 +346,15 @@ class Settings(BaseSettings):
     # Off: API requests keep only their token counts once answered. On: each API conversation is
     # stored as a chat of the user, visible in the chat list.
     store_api_conversations: bool = False
+
+    @model_validator(mode="after")
+    def _trusted_only_tiers_exist(self) -> Settings:
+        unknown = [t for t in self.trusted_workers_only_tiers if t not in self.user_tiers]
+        if unknown:
+            raise ValueError(
+                f"trusted_workers_only_tiers names tiers not in user_tiers: {', '.join(unknown)}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _trusted_client_names(self) -> Settings:

@@ -3,8 +3,10 @@ the ``/info`` answer."""
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
 
 import llama_cpp
 from fastapi import Request
@@ -38,6 +40,7 @@ def build_info(settings: Settings, engine: ModelEngine, limits: Limits) -> Info:
     metadata = engine.metadata
     return Info(
         model_id=settings.model_id,
+        model_sha=file_sha256(engine.model_path),
         model_dtype=f"gguf:{engine.model_path.name}",
         max_concurrent_requests=settings.max_concurrent_requests,
         max_stop_sequences=limits.max_stop_sequences,
@@ -52,6 +55,16 @@ def build_info(settings: Settings, engine: ModelEngine, limits: Limits) -> Info:
         eos_token=engine.special_token_text("tokenizer.ggml.eos_token_id"),
         add_bos_token=metadata.get("tokenizer.ggml.add_bos_token", "false").lower() == "true",
     )
+
+
+def file_sha256(path: Path) -> str:
+    """The model file's hash: workers report it so that the server compares only workers of one model
+    file (compliance checks). About 0.3 s for the default model, once at startup."""
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(1 << 20):
+            digest.update(chunk)
+    return "sha256:" + digest.hexdigest()
 
 
 def load_engine(settings: Settings) -> ModelEngine:

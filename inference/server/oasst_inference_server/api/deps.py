@@ -28,6 +28,8 @@ from oasst_inference_server.auth.signed_tokens import verify_token
 from oasst_inference_server.auth.trusted_client import TRUSTED_CLIENT_HEADER, trusted_client_user
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.db.models import DbUser
+from oasst_inference_server.dispatch.compliance import ComplianceChecker
+from oasst_inference_server.dispatch.compliance_store import ComplianceRecorder
 from oasst_inference_server.dispatch.dispatcher import Dispatchers
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
@@ -58,6 +60,8 @@ BrokerDep = Annotated[Broker, Depends(_from_app_state("broker"))]
 RegistryDep = Annotated[WorkerRegistry, Depends(_from_app_state("registry"))]
 LifecycleDep = Annotated[MessageLifecycle, Depends(_from_app_state("lifecycle"))]
 DispatchersDep = Annotated[Dispatchers, Depends(_from_app_state("dispatchers"))]
+ComplianceDep = Annotated[ComplianceRecorder, Depends(_from_app_state("compliance"))]
+SpotChecksDep = Annotated[ComplianceChecker, Depends(_from_app_state("compliance_checker"))]
 SubmissionDep = Annotated[SubmissionService, Depends(_from_app_state("submission"))]
 OpenAIServiceDep = Annotated[OpenAIService, Depends(_from_app_state("openai_service"))]
 # For work that outlives a request's session (a websocket's whole life, a report over many queries).

@@ -39,6 +39,13 @@ class WorkerSession(BaseModel):
     )
     backend_queue_length: int | None = Field(None, description="Requests waiting in the backend, where told.")
     tokens_per_second: float | None = Field(None, description="Per request, as measured by the server.")
+    backend_model_id: str | None = Field(None, description="The model its backend says it serves.")
+    backend_model_revision: str | None = Field(
+        None, description="The model's revision or file hash, where the backend tells."
+    )
+    backend_version: str | None = Field(None, description="The backend's build, where it tells.")
+    trusted: bool = Field(False, description="Whether its key is trusted (compliance checks spare it).")
+    flagged: bool = Field(False, description="Its key failed compliance checks: it gets no user work.")
 
     def record(self, session_id: str) -> WorkerSessionRecord:
         return WorkerSessionRecord(session_id, self.model_config_.name, self.model_dump_json(by_alias=True))

@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import JSON, Column, Dialect, Index, String, TypeDecorator, UniqueConstraint
+from sqlalchemy import JSON, Column, Dialect, Index, String, Text, TypeDecorator, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from oasst_shared.schemas import MessageState, Role
@@ -179,6 +179,34 @@ class DbWorker(SQLModel, table=True):
     allowed_models: list[str] | None = Field(default=None, sa_column=Column(JSON))
     max_slots: int | None = None
     max_sockets: int | None = None
+    # Trusted workers are never compliance-checked and compute the checks' expected answers.
+    trusted: bool = Field(default=False)
+    # Set when the worker failed settings.compliance_fail_threshold checks: it gets no user work.
+    flagged_at: datetime | None = None
+    flag_reason: str | None = Field(default=None, max_length=2000)
+    # Failed checks before this do not count toward a new flag (set when an admin clears the flag).
+    checks_cleared_at: datetime | None = None
+
+
+class DbComplianceCheck(SQLModel, table=True):
+    """One compliance check of an untrusted worker (or a usage claim the server's count refuted)."""
+
+    __tablename__ = "compliance_check"
+    __table_args__ = (Index("ix_compliance_check_worker_created", "worker_id", "created_at"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    # None for workers of a static key (settings.worker_api_keys): those are flagged per socket.
+    worker_id: str | None = Field(default=None, foreign_key="worker.id", max_length=36, ondelete="CASCADE")
+    session_id: str = Field(max_length=64, index=True)
+    reference_session_id: str | None = Field(default=None, max_length=64)
+    model_config_name: str = Field(max_length=128)
+    kind: str = Field(max_length=16)  # "output" | "spot" | "usage"
+    outcome: str = Field(max_length=16)  # "passed" | "failed" | "inconclusive"
+    detail: str = Field(default="", max_length=2000)
+    prompt: str | None = Field(default=None, sa_column=Column(Text))
+    expected_text: str | None = Field(default=None, sa_column=Column(Text))
+    actual_text: str | None = Field(default=None, sa_column=Column(Text))
+    created_at: datetime = Field(default_factory=utcnow)
 
 
 class DbWorkerEvent(SQLModel, table=True):

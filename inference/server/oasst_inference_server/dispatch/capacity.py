@@ -30,6 +30,10 @@ class WorkerCapacity:
     backend_queue_length: int | None = None
     tokens_per_second: float | None = None  # per request, measured by the server
     available: bool = True  # healthy and not draining
+    # False for a flagged worker, or an untrusted one where the model needs trusted workers
+    # (:mod:`.trust`): it takes no user work, though its free slots stay free for compliance checks.
+    takes_user_work: bool = True
+    trusted: bool = False  # its key is trusted and not flagged: it may take the work of trusted-only tiers
 
     @property
     def free_slots(self) -> int:
@@ -73,18 +77,24 @@ def finish_estimate(worker: WorkerCapacity, tokens: int, default: float) -> floa
     return per_job * (1 + queued / slots)
 
 
-def choose_worker(workers: Iterable[WorkerCapacity], tokens: int) -> WorkerCapacity | None:
+def choose_worker(
+    workers: Iterable[WorkerCapacity], tokens: int, *, trusted_only: bool = False
+) -> WorkerCapacity | None:
     """The worker with a free slot and room in its KV cache that finishes ``tokens`` soonest.
 
     Ties go to the worker with more free slots, then to the lower session id (deterministic).
     None when no worker can take the job now: it waits (it is never sent over a worker's capacity).
+    Workers that take no user work (flagged, or untrusted where the model needs trusted ones) are skipped,
+    and with ``trusted_only`` (the user's tier needs trusted workers) every untrusted one.
     """
     candidates = list(workers)
     default = default_speed(candidates)
     best: tuple[float, int, str] | None = None
     chosen: WorkerCapacity | None = None
     for worker in candidates:
-        if worker.free_slots <= 0 or not worker.fits(tokens):
+        if not worker.takes_user_work or worker.free_slots <= 0 or not worker.fits(tokens):
+            continue
+        if trusted_only and not worker.trusted:
             continue
         key = (finish_estimate(worker, tokens, default), -worker.free_slots, worker.session_id)
         if best is None or key < best:

@@ -48,8 +48,13 @@ _NO_FIT_BACKOFF = 1.0
 
 
 class ModelDispatcher:
-    def __init__(self, model: str, broker: Broker, lifecycle: Requeuing) -> None:
+    def __init__(
+        self, model: str, broker: Broker, lifecycle: Requeuing, *, trusted_only_tiers: bool = False
+    ) -> None:
         self.model = model
+        # Whether some user tier needs trusted workers (settings.trusted_workers_only_tiers): only then
+        # is a job's ticket read to place it away from untrusted workers.
+        self._trusted_only_tiers = trusted_only_tiers
         self.queue = events.work_queue_name(model)
         self._broker = broker
         self._lifecycle = lifecycle
@@ -90,7 +95,7 @@ class ModelDispatcher:
 
     async def _run(self) -> None:
         while self.workers:
-            if not any(c.free_slots > 0 for c in self._capacities()):
+            if not any(c.free_slots > 0 and c.takes_user_work for c in self._capacities()):
                 await self._wait_for_change()
                 continue
             try:
@@ -117,16 +122,21 @@ class ModelDispatcher:
     async def _place(self, message_id: str) -> None:
         capacities = self._capacities()
         tokens = 0
-        if any(c.kv_cache_free_tokens is not None for c in capacities):
-            # Only the KV-cache check needs the job's size (the ranking by speed does not).
+        trusted_only = False
+        # Only the KV-cache check needs the job's size (the ranking by speed does not), and only an
+        # untrusted worker that could take it needs the user's tier (trusted-only tiers).
+        if any(
+            c.kv_cache_free_tokens is not None or (c.takes_user_work and not c.trusted) for c in capacities
+        ):
             message = await self._lifecycle.get(message_id)
             if message is None or message.state != MessageState.pending:
                 return  # stale hint
             ticket = fair_share.stored_ticket(message)
             tokens = ticket.prompt_tokens + ticket.max_new_tokens if ticket else 0
+            trusted_only = ticket.trusted_only if ticket else False
             if self.max_total_length is not None:
                 tokens = min(tokens, self.max_total_length)
-        chosen = choose_worker(capacities, tokens)
+        chosen = choose_worker(capacities, tokens, trusted_only=trusted_only)
         if chosen is None:
             # No room after all (a worker left or filled), or too long for every free KV cache: the job
             # goes back, keeping its user's place, and waits for a worker that can take it.
@@ -139,13 +149,16 @@ class ModelDispatcher:
 class Dispatchers:
     """This replica's dispatchers, one per model, created on its first worker connection."""
 
-    def __init__(self, broker: Broker, lifecycle: Requeuing) -> None:
+    def __init__(self, broker: Broker, lifecycle: Requeuing, *, trusted_only_tiers: bool = False) -> None:
         self._broker = broker
         self._lifecycle = lifecycle
+        self._trusted_only_tiers = trusted_only_tiers
         self.by_model: dict[str, ModelDispatcher] = {}
 
     def for_model(self, model: str) -> ModelDispatcher:
         dispatcher = self.by_model.get(model)
         if dispatcher is None:
-            dispatcher = self.by_model[model] = ModelDispatcher(model, self._broker, self._lifecycle)
+            dispatcher = self.by_model[model] = ModelDispatcher(
+                model, self._broker, self._lifecycle, trusted_only_tiers=self._trusted_only_tiers
+            )
         return dispatcher

@@ -29,6 +29,8 @@ class Ticket(BaseModel):
     weight: float = Field(gt=0)
     priority: int = 0
     queue_timeout: float | None = None  # the request's own, if shorter than the setting
+    # The user's tier is one of settings.trusted_workers_only_tiers: only trusted workers may answer.
+    trusted_only: bool = False
 
     def timeout(self, settings: Settings) -> float:
         return min(settings.queue_timeout, self.queue_timeout or settings.queue_timeout)
@@ -100,6 +102,7 @@ async def new_ticket(
         weight=tier_weight(settings, tier) * 2.0**priority,
         priority=priority,
         queue_timeout=requested.queue_timeout,
+        trusted_only=(tier or settings.default_user_tier) in settings.trusted_workers_only_tiers,
     )
 
 

@@ -22,6 +22,7 @@ import functools
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 from fastapi import WebSocket
@@ -33,9 +34,17 @@ from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.capacity import WorkerCapacity
+from oasst_inference_server.dispatch.compliance_rules import ProbeOutcome, SpotChecks
+from oasst_inference_server.dispatch.compliance_store import (
+    FAILED,
+    FLAG_COMMAND,
+    CheckResult,
+    ComplianceRecorder,
+)
 from oasst_inference_server.dispatch.dispatcher import ModelDispatcher
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, UnsendableMessage
 from oasst_inference_server.dispatch.token_relay import TokenRelay
+from oasst_inference_server.dispatch.trust import WorkerTrust
 from oasst_inference_server.dispatch.worker_frames import Salvaged, bounded_usage, parse_or_salvage, salvage
 from oasst_inference_server.outages import is_outage
 from oasst_inference_server.settings import Settings
@@ -84,6 +93,12 @@ class _ConnectionClosed(Exception):
         self.reason = reason
 
 
+@dataclass
+class _Probe:
+    done: asyncio.Future[ProbeOutcome]
+    tokens: list[str] = field(default_factory=list)
+
+
 class WorkerConnection:
     def __init__(
         self,
@@ -96,9 +111,20 @@ class WorkerConnection:
         dispatcher: ModelDispatcher,
         protocol_version: int = PROTOCOL_VERSION,
         worker_id: str | None = None,
+        trust: WorkerTrust | None = None,
+        compliance: ComplianceRecorder | None = None,
+        spot_checks: SpotChecks | None = None,
     ):
         self.websocket = websocket
         self.worker_id = worker_id
+        self.trust = trust or WorkerTrust()
+        self._compliance = compliance
+        # Compliance checks in flight: message id -> the check. They are never stored as messages, so
+        # they reach no user and count in no usage or fair share; on the wire they are plain work.
+        self._probes: dict[str, _Probe] = {}
+        # User jobs drawn for a spot check: their streamed token texts, compared after the fact.
+        self._spot_checks = spot_checks
+        self._spot_tokens: dict[str, list[str]] = {}
         self.info = info
         self.protocol_version = protocol_version
         self.session_id = f"ws-{uuid.uuid4().hex[:20]}"
@@ -127,6 +153,7 @@ class WorkerConnection:
         self._tokens_relayed = metrics.TOKENS.labels(self.model_name)
         self._first_token_at: dict[str, float] = {}
         self._relay = TokenRelay(broker, label=f" of worker {self.session_id}")
+        self._capacity_changed_quietly()
 
     # ------------------------------------------------------------ public
     @property
@@ -140,10 +167,57 @@ class WorkerConnection:
             self.capacity.reported_free_slots -= 1
         self._assigned.put_nowait(message_id)
 
-    def _capacity_changed(self) -> None:
+    def _capacity_changed_quietly(self) -> None:
         self.capacity.available = self.backend_healthy and not self.draining
-        self.capacity.in_flight = len(self.in_flight) + self._assigned.qsize() + self._claiming
+        self.capacity.in_flight = (
+            len(self.in_flight) + self._assigned.qsize() + self._claiming + len(self._probes)
+        )
+        self.capacity.takes_user_work = self.trust.may_take_user_work(
+            self.model_name, self._settings.trusted_workers_only_models
+        )
+        self.capacity.trusted = self.trust.trusted and not self.trust.flagged
+
+    def _capacity_changed(self) -> None:
+        self._capacity_changed_quietly()
         self._dispatcher.capacity_changed()
+
+    async def probe(self, work: Work, timeout: float) -> ProbeOutcome:
+        """Send a compliance check's job and collect its answer; inconclusive on a timeout, an error of
+        the worker or its backend, or a lost socket (an honest but slow worker is never blamed)."""
+        loop = asyncio.get_running_loop()
+        probe = _Probe(loop.create_future())
+        self._probes[work.message_id] = probe
+        if self.capacity.reported_free_slots is not None:
+            self.capacity.reported_free_slots -= 1
+        self._capacity_changed()
+        try:
+            await self._send(work)
+            return await asyncio.wait_for(asyncio.shield(probe.done), timeout)
+        except asyncio.TimeoutError:
+            with contextlib.suppress(Exception):
+                await self._send(Cancel(message_id=work.message_id))
+            return ProbeOutcome(None, "", 0, f"no answer within {timeout:.0f}s")
+        except (RuntimeError, WebSocketDisconnect) as exc:
+            return ProbeOutcome(None, "", 0, f"could not send the job: {exc}")
+        finally:
+            self._probes.pop(work.message_id, None)
+            if self.capacity.reported_free_slots is not None:
+                self.capacity.reported_free_slots += 1
+            self._capacity_changed()
+
+    def _finish_probe(self, message_id: str, outcome: ProbeOutcome) -> None:
+        probe = self._probes.get(message_id)
+        if probe is not None and not probe.done.done():
+            probe.done.set_result(outcome)
+
+    async def flag(self, reason: str) -> None:
+        """Its key failed compliance checks: no more user work; what it holds finishes normally."""
+        if self.trust.flagged:
+            return
+        self.trust.flagged, self.trust.flag_reason = True, reason
+        logger.warning("worker {} is flagged and gets no user work: {}", self.session_id, reason)
+        self._capacity_changed()
+        await self._publish_session()
 
     async def run(self) -> None:
         metrics.WORKERS_CONNECTED.labels(self.model_name).inc()
@@ -271,13 +345,28 @@ class WorkerConnection:
         elif isinstance(frame, Pong):
             await self._on_pong(frame)
         elif isinstance(frame, GeneratedText):
-            if frame.message_id in self.in_flight:
+            probe = self._probes.get(frame.message_id)
+            if probe is not None:
+                await self._check_usage(
+                    frame, frame.model_copy(update={"generated_tokens": len(probe.tokens)})
+                )
+                self._finish_probe(
+                    frame.message_id,
+                    ProbeOutcome(probe.tokens, "".join(probe.tokens), frame.generated_tokens, "answered"),
+                )
+            elif frame.message_id in self.in_flight:
                 self._observe_speed(frame.message_id, frame.generated_tokens)
                 result = bounded_usage(
                     frame,
                     self._work.get(frame.message_id),
                     self._streamed_bytes.get(frame.message_id, 0),
                 )
+                await self._check_usage(frame, result)
+                spot = self._spot_tokens.get(frame.message_id)
+                work_sent = self._work.get(frame.message_id)
+                if spot is not None and work_sent is not None and self._spot_checks is not None:
+                    if frame.finish_reason in ("length", "eos_token", "stop_sequence"):
+                        self._spot_checks.spot_check(self, work_sent, list(spot))
                 await self._relay.flush()  # the terminal event comes after every token
                 await self._durably(
                     lambda: self._lifecycle.complete(self.session_id, result),
@@ -345,6 +434,8 @@ class WorkerConnection:
             self._capacity_changed()
             if isinstance(work, Work):
                 self._work[message_id] = work
+                if self._spot_checks is not None and not self.trust.trusted and self._spot_checks.wants(work):
+                    self._spot_tokens[message_id] = []
             self._dispatched_at[message_id] = time.monotonic()
             metrics.DISPATCHED.labels(self.model_name).inc()
             metrics.IN_FLIGHT.labels(self.model_name).inc()
@@ -391,6 +482,9 @@ class WorkerConnection:
             async for data in commands:
                 if data == DISCONNECT_COMMAND:
                     raise _ConnectionClosed(CLOSE_UNAUTHORIZED, "the worker's API key was revoked or changed")
+                if data == FLAG_COMMAND:
+                    await self.flag("its key was flagged on another replica")
+                    continue
                 try:
                     frame = parse_server_frame(data)
                 except ProtocolError:
@@ -401,11 +495,18 @@ class WorkerConnection:
 
     # ------------------------------------------------------------ frame handlers
     async def _on_token(self, token: Token) -> None:
+        probe = self._probes.get(token.message_id)
+        if probe is not None:
+            probe.tokens.append(token.text)
+            return
         if token.message_id in self.in_flight:  # else late, after a cancel or a lost lease: dropped
             self._count_token(token.message_id)
             self._streamed_bytes[token.message_id] = self._streamed_bytes.get(token.message_id, 0) + len(
                 token.text.encode("utf-8")
             )
+            spot = self._spot_tokens.get(token.message_id)
+            if spot is not None:
+                spot.append(token.text)
             logprobs = [e.model_dump(mode="json") for e in token.logprobs] if token.logprobs else None
             await self._relay.add(token.message_id, token.text, logprobs)
 
@@ -440,6 +541,11 @@ class WorkerConnection:
         if error.message_id is None:
             logger.warning("worker {} reported: {}", self.session_id, error.error)
             return
+        if error.message_id in self._probes:
+            self._finish_probe(
+                error.message_id, ProbeOutcome(None, "", 0, f"the worker failed: {error.error}")
+            )
+            return
         if error.message_id not in self.in_flight:
             return
         await self._relay.flush()  # a retry or error event comes after the tokens it discards
@@ -461,6 +567,24 @@ class WorkerConnection:
             f"releasing message {message_id}",
         )
 
+    async def _check_usage(self, claimed: GeneratedText, counted: GeneratedText) -> None:
+        """A worker that bills far more tokens than the server counted fails a compliance check (the
+        usage stored is the server's bound in any case)."""
+        excess = claimed.generated_tokens - counted.generated_tokens
+        if self._compliance is None or excess <= self._settings.usage_overclaim_tokens:
+            return
+        await self._compliance.record(
+            CheckResult(
+                worker_id=self.worker_id,
+                session_id=self.session_id,
+                model_config_name=self.model_name,
+                kind="usage",
+                outcome=FAILED,
+                detail=f"claimed {claimed.generated_tokens} generated tokens of message "
+                f"{claimed.message_id}; the server counted at most {counted.generated_tokens}",
+            )
+        )
+
     # ------------------------------------------------------------ helpers
     def _done(self, message_id: str) -> None:
         if message_id in self.in_flight:
@@ -470,6 +594,7 @@ class WorkerConnection:
         self._first_token_at.pop(message_id, None)
         self._work.pop(message_id, None)
         self._streamed_bytes.pop(message_id, None)
+        self._spot_tokens.pop(message_id, None)
         if self.capacity.reported_free_slots is not None:
             self.capacity.reported_free_slots += 1
         self._capacity_changed()
@@ -536,6 +661,11 @@ class WorkerConnection:
             backend_queue_length=self.capacity.backend_queue_length,
             tokens_per_second=self.capacity.tokens_per_second,
             worker_id=self.worker_id,
+            backend_model_id=self.info.backend_model_id,
+            backend_model_revision=self.info.backend_model_revision,
+            backend_version=self.info.backend_version,
+            trusted=self.trust.trusted,
+            flagged=self.trust.flagged,
         ).record(self.session_id)
         try:
             await self._broker.put_worker_session(record, ttl=self._settings.worker_ping_timeout * 2)
@@ -543,6 +673,8 @@ class WorkerConnection:
             logger.warning("worker {}: session not published: {}", self.session_id, exc)
 
     async def _cleanup(self, close: _ConnectionClosed | None) -> None:
+        for message_id in list(self._probes):
+            self._finish_probe(message_id, ProbeOutcome(None, "", 0, "the worker disconnected"))
         with contextlib.suppress(Exception):
             await self._dispatcher.detach(self)
         while not self._assigned.empty():  # assigned but never claimed: back to the queue

@@ -18,6 +18,8 @@ ADMIN_ROUTES = [
     ("GET", "/admin/workers", None),
     ("POST", "/admin/workers/{id}/api_key", None),
     ("PUT", "/admin/workers/{id}/limits", {}),
+    ("PUT", "/admin/workers/{id}/trust", {"trusted": True}),
+    ("GET", "/admin/compliance_checks", None),
     ("DELETE", "/admin/workers/{id}", None),
     ("GET", "/admin/worker_sessions", None),
     ("GET", "/admin/users/{id}", None),
@@ -94,6 +96,9 @@ async def test_live_worker_sessions_with_capacity_and_in_flight_work(client, app
         backend_kind="tgi",
         worker_version="1.2.3",
         connected_at=1700000000.0,
+        backend_model_id="HuggingFaceTB/SmolLM2-135M-Instruct",
+        backend_model_revision="sha256:abc",
+        backend_version="version 0.1.0, llama.cpp 0.3.2",
     )
     await record_worker_event(
         app.state.session_factory, worker_id=worker["id"], session_id=session_id, event_type="connected"
@@ -115,6 +120,11 @@ async def test_live_worker_sessions_with_capacity_and_in_flight_work(client, app
             "draining": False,
             "worker_version": "1.2.3",
             "connected_at": 1700000000.0,
+            "backend_model_id": "HuggingFaceTB/SmolLM2-135M-Instruct",
+            "backend_model_revision": "sha256:abc",
+            "backend_version": "version 0.1.0, llama.cpp 0.3.2",
+            "trusted": False,
+            "flagged": False,
         }
         listed = (await client.get("/admin/workers", headers=ADMIN)).json()
         assert next(w for w in listed if w["id"] == worker["id"])["connected_sessions"] == 1

@@ -281,6 +281,7 @@ async def test_trusted_header_format_is_the_original_one():
         ({"cors_origins": ["*"]}, "CORS_ORIGINS"),
         ({"trusted_client_api_keys": ["website:" + "t" * 4]}, "TRUSTED_CLIENT_API_KEYS"),
         ({"worker_api_keys": ["dev-worker-key"]}, "WORKER_API_KEYS"),
+        ({"trusted_worker_api_keys": ["short-key"]}, "TRUSTED_WORKER_API_KEYS"),
         ({"trusted_client_api_keys": ["change-me"]}, "TRUSTED_CLIENT_API_KEYS"),
         ({"admin_root_token": "short"}, "ADMIN_ROOT_TOKEN"),
         ({"auth_github_client_id": "id"}, "GITHUB_CLIENT_SECRET"),

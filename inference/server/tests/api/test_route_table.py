@@ -126,6 +126,8 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("DELETE", "/admin/workers/{worker_id}"): (Access.ADMIN, False),
     ("GET", "/admin/worker_sessions"): (Access.ADMIN, False),
     ("PUT", "/admin/workers/{worker_id}/limits"): (Access.ADMIN, False),
+    ("PUT", "/admin/workers/{worker_id}/trust"): (Access.ADMIN, False),
+    ("GET", "/admin/compliance_checks"): (Access.ADMIN, False),
     ("GET", "/admin/queues"): (Access.ADMIN, False),
     ("PUT", "/admin/users/{user_id}/tier"): (Access.ADMIN, False),
     ("GET", "/admin/users/{user_id}"): (Access.ADMIN, False),
@@ -145,6 +147,7 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("POST", "/chats/{chat_id}/messages/{message_id}/votes"): {"score": 1},
     ("PUT", "/admin/users/{user_id}/tier"): {"tier": "standard"},
+    ("PUT", "/admin/workers/{worker_id}/trust"): {"trusted": False},
     ("POST", "/chats/{chat_id}/messages/{message_id}/reports"): {"report_type": "spam"},
     ("POST", "/chats/{chat_id}/messages/{message_id}/message_evals"): {
         "inferior_message_ids": ["{prompter_id}"]

@@ -107,3 +107,61 @@ async def test_a_job_too_long_for_every_kv_cache_waits(broker: Broker) -> None:
     finally:
         await dispatcher.detach(small)  # type: ignore[arg-type]
         await dispatcher.detach(big)  # type: ignore[arg-type]
+
+
+async def test_flagged_and_untrusted_workers_get_no_user_work_where_it_needs_trust(broker: Broker) -> None:
+    """A worker that takes no user work (flagged, or untrusted for a model that needs trusted workers)
+    is skipped however free it is; its jobs wait for, and go to, a worker that may take them."""
+    queue = events.work_queue_name("model-t")
+    lifecycle = StubLifecycle(broker, queue)
+    dispatcher = ModelDispatcher("model-t", broker, lifecycle)  # type: ignore[arg-type]
+    excluded = StubConnection(
+        "a-excluded", WorkerCapacity("a-excluded", declared_slots=8, takes_user_work=False)
+    )
+    dispatcher.attach(excluded)  # type: ignore[arg-type]
+    try:
+        await broker.push_work(queue, "t0", user="u0")
+        await asyncio.sleep(0.5)  # nobody may take it: it stays queued
+        assert excluded.assigned == []
+        allowed = StubConnection("b-allowed", WorkerCapacity("b-allowed", declared_slots=1))
+        dispatcher.attach(allowed)  # type: ignore[arg-type]
+        for i in range(1, 3):
+            await broker.push_work(queue, f"t{i}", user="u0")
+        await _until(lambda: len(allowed.assigned) == 1)
+        await asyncio.sleep(0.3)
+        assert excluded.assigned == [] and len(allowed.assigned) == 1  # the rest waits for room
+    finally:
+        await dispatcher.detach(excluded)  # type: ignore[arg-type]
+        await dispatcher.detach(allowed)  # type: ignore[arg-type]
+
+
+async def test_a_trusted_only_job_waits_for_a_trusted_worker(broker: Broker) -> None:
+    """A job of a trusted-only tier (its ticket says so) never goes to an untrusted worker."""
+    queue = events.work_queue_name("model-q")
+
+    @dataclass
+    class TieredLifecycle(StubLifecycle):
+        trusted_only: set[str] = field(default_factory=set)
+
+        async def get(self, message_id: str) -> StubMessage:
+            message = await super().get(message_id)
+            assert message.scheduling is not None
+            message.scheduling["trusted_only"] = message_id in self.trusted_only
+            return message
+
+    lifecycle = TieredLifecycle(broker, queue, trusted_only={"vip"})
+    dispatcher = ModelDispatcher("model-q", broker, lifecycle, trusted_only_tiers=True)  # type: ignore[arg-type]
+    untrusted = StubConnection("a-untrusted", WorkerCapacity("a-untrusted", declared_slots=4))
+    dispatcher.attach(untrusted)  # type: ignore[arg-type]
+    trusted = StubConnection("b-trusted", WorkerCapacity("b-trusted", declared_slots=1, trusted=True))
+    try:
+        await broker.push_work(queue, "vip", user="u1")
+        await asyncio.sleep(0.5)
+        assert untrusted.assigned == []
+        dispatcher.attach(trusted)  # type: ignore[arg-type]
+        await _until(lambda: trusted.assigned == ["vip"])
+        await broker.push_work(queue, "plain", user="u2")
+        await _until(lambda: untrusted.assigned == ["plain"])
+    finally:
+        await dispatcher.detach(untrusted)  # type: ignore[arg-type]
+        await dispatcher.detach(trusted)  # type: ignore[arg-type]

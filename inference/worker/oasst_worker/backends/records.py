@@ -66,3 +66,6 @@ class BackendInfo:
     eos_token: str | None = None
     max_input_length: int | None = None
     max_total_tokens: int | None = None
+    # The model's revision or file hash, and the backend's build, where told (the worker reports them).
+    model_revision: str | None = None
+    backend_version: str | None = None

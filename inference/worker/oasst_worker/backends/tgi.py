@@ -81,8 +81,14 @@ class TgiInfo(BaseModel):
     max_input_length: int | None = None
     max_input_tokens: int | None = None  # what newer TGI releases call max_input_length
     max_total_tokens: int | None = None
+    model_sha: str | None = None
+    version: str | None = None
+    sha: str | None = None  # the TGI build's commit
+    llama_cpp_version: str | None = None  # the bundled CPU backend's engine
 
     def to_backend_info(self) -> BackendInfo:
+        parts = (("version", self.version), ("sha", self.sha), ("llama.cpp", self.llama_cpp_version))
+        build = [f"{name} {value}" for name, value in parts if value]
         return BackendInfo(
             model_id=self.model_id,
             chat_template=self.chat_template,
@@ -90,6 +96,8 @@ class TgiInfo(BaseModel):
             eos_token=self.eos_token,
             max_input_length=self.max_input_length or self.max_input_tokens,
             max_total_tokens=self.max_total_tokens,
+            model_revision=self.model_sha,
+            backend_version=", ".join(build) or None,
         )
 
 

@@ -107,7 +107,9 @@ class WorkerClient:
         sender_task = asyncio.create_task(self._sender.run(), name="frame-sender")
         try:
             await self._factory.prepare()
-            await self._send(worker_info(self._settings, self._factory.model_config))
+            await self._send(
+                worker_info(self._settings, self._factory.model_config, self._factory.backend_info)
+            )
             logger.info(
                 "connected to {} serving {}", work_url(self._settings), self._factory.model_config.name
             )

@@ -20,6 +20,7 @@ from oasst_shared.protocol import (
     WorkerInfo,
 )
 from oasst_worker.backends.factory import backend_capabilities
+from oasst_worker.backends.records import BackendInfo
 from oasst_worker.connection.errors import FatalWorkerError
 from oasst_worker.settings import WorkerSettings
 
@@ -52,8 +53,12 @@ async def open_connection(settings: WorkerSettings) -> ClientConnection:
         raise FatalWorkerError(f"invalid server URL {url!r}: {exc}") from None
 
 
-def worker_info(settings: WorkerSettings, model_config: ModelConfig) -> WorkerInfo:
-    """The first frame on every connection: what this worker serves and how much at once."""
+def worker_info(
+    settings: WorkerSettings, model_config: ModelConfig, backend: BackendInfo | None = None
+) -> WorkerInfo:
+    """The first frame on every connection: what this worker serves and how much at once, and what its
+    backend said about its model and build."""
+    backend = backend or BackendInfo()
     return WorkerInfo(
         model_config=model_config,
         max_parallel_requests=settings.max_parallel_requests,
@@ -61,7 +66,14 @@ def worker_info(settings: WorkerSettings, model_config: ModelConfig) -> WorkerIn
         worker_version=WORKER_VERSION,
         hardware=Hardware(cpu_count=os.cpu_count()),
         capabilities=backend_capabilities(settings),
+        backend_model_id=_bounded(backend.model_id),
+        backend_model_revision=_bounded(backend.model_revision),
+        backend_version=_bounded(backend.backend_version),
     )
+
+
+def _bounded(value: str | None) -> str | None:
+    return value[:256] if value else None
 
 
 def raise_if_refused(ws: ClientConnection) -> None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import EmbedWork, Work
 from oasst_worker.backends.protocols import BackendBase
+from oasst_worker.backends.records import BackendInfo
 
 # Writes one frame to the server; raises websockets' ConnectionClosed when the connection is gone.
 Send = Callable[[BaseModel], Awaitable[None]]
@@ -39,6 +40,11 @@ class JobFactory(Protocol):
 
     @property
     def model_config(self) -> ModelConfig: ...
+
+    @property
+    def backend_info(self) -> BackendInfo | None:
+        """What the backend said about its model at :meth:`prepare` (None: nothing)."""
+        ...
 
     async def prepare(self) -> None:
         """Once per connection, before the worker describes itself to the server."""

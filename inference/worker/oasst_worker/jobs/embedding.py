@@ -9,7 +9,7 @@ from loguru import logger
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import Embeddings, EmbedWork, Work, WorkerError
 from oasst_worker.backends.protocols import EmbeddingBackend
-from oasst_worker.backends.records import BackendError
+from oasst_worker.backends.records import BackendError, BackendInfo
 from oasst_worker.jobs.base import Send, WrongKindOfWork
 
 
@@ -17,6 +17,7 @@ class EmbeddingJobFactory:
     def __init__(self, backend: EmbeddingBackend, model_config: ModelConfig):
         self.backend = backend
         self.model_config = model_config
+        self.backend_info: BackendInfo | None = None  # an encoder does not describe its build
 
     async def prepare(self) -> None:
         return None  # an encoder has no prompt template to resolve

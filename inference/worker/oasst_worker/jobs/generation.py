@@ -36,7 +36,7 @@ from oasst_shared.tool_calls import (
 )
 from oasst_worker import metrics
 from oasst_worker.backends.protocols import GenerationBackend
-from oasst_worker.backends.records import BackendError, GenerationResult
+from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult
 from oasst_worker.jobs.base import Send, WrongKindOfWork
 from oasst_worker.prompting import PromptBuilder
 
@@ -48,9 +48,15 @@ class GenerationJobFactory:
         self.backend = backend
         self.model_config = model_config
         self._prompts = PromptBuilder(model_config, backend)
+        self.backend_info: BackendInfo | None = None
 
     async def prepare(self) -> None:
         await self._prompts.prepare()
+        try:
+            self.backend_info = await self.backend.info()
+        except BackendError as exc:  # identity is for the operator and checks; the worker serves anyway
+            logger.warning("the backend does not describe its model: {}", exc)
+            self.backend_info = None
 
     def create(self, work: Work | EmbedWork) -> GenerationJob:
         if not isinstance(work, Work):

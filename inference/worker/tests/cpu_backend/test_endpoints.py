@@ -28,6 +28,8 @@ def test_info_describes_the_model_and_its_chat_format(backend: RunningBackend) -
     assert info["max_best_of"] == 1
     assert info["max_concurrent_requests"] >= 1
     assert info["version"]
+    # The GGUF file's hash: workers report it so that only workers of one model file are compared.
+    assert info["model_sha"].startswith("sha256:") and len(info["model_sha"]) == 7 + 64
     assert info["eos_token"] == "<|im_end|>"
     assert info["bos_token"] == "<|im_start|>"
     assert info["add_bos_token"] is False

@@ -4,9 +4,9 @@ sessions, and users. Disabled (403) when no root token is configured."""
 from __future__ import annotations
 
 import hmac
-from typing import Annotated
+from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import delete, func, select
@@ -23,13 +23,15 @@ from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
 from oasst_inference_server.auth.worker_keys import live_sessions_of, new_worker_key
 from oasst_inference_server.broker import WorkerSession
 from oasst_inference_server.chats.accounts import delete_account
-from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerEvent
+from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerEvent, utcnow
+from oasst_inference_server.dispatch.compliance_store import list_checks
 from oasst_inference_server.dispatch.events import worker_command_channel
 from oasst_inference_server.dispatch.queue_status import queue_status
 from oasst_inference_server.dispatch.worker_connection import DISCONNECT_COMMAND
 from oasst_inference_server.domain_errors import InvalidValue, NotAuthenticated, NotPermitted, not_found
 from oasst_shared.schemas import (
     AdminUserRead,
+    ComplianceCheckRead,
     CreateWorkerRequest,
     QueueStatus,
     RevokedTokensResponse,
@@ -38,6 +40,7 @@ from oasst_shared.schemas import (
     WorkerLimits,
     WorkerRead,
     WorkerSessionRead,
+    WorkerTrustUpdate,
 )
 
 _admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken")
@@ -93,6 +96,9 @@ def _worker_read(worker: DbWorker, sessions: int = 0) -> WorkerRead:
         allowed_models=worker.allowed_models,
         max_slots=worker.max_slots,
         max_sockets=worker.max_sockets,
+        trusted=worker.trusted,
+        flagged_at=worker.flagged_at,
+        flag_reason=worker.flag_reason,
     )
 
 
@@ -162,6 +168,40 @@ async def set_worker_limits(
     return _worker_read(worker)
 
 
+@router.put("/workers/{worker_id}/trust", response_model=WorkerRead, responses=_WORKER)
+async def set_worker_trust(
+    worker_id: str, body: WorkerTrustUpdate, session: SessionDep, broker: BrokerDep
+) -> WorkerRead:
+    """Trust the worker's key or not (trusted keys are never compliance-checked and answer the checks),
+    and clear its compliance flag; its open sockets are closed and reconnect under the new trust."""
+    worker = await session.get(DbWorker, worker_id)
+    if worker is None:
+        raise not_found("worker")
+    worker.trusted = body.trusted
+    if body.clear_flag:
+        worker.flagged_at, worker.flag_reason, worker.checks_cleared_at = None, None, utcnow()
+    session.add(worker)
+    await session.commit()
+    await _close_sockets(broker, worker_id)
+    return _worker_read(worker)
+
+
+@router.get("/compliance_checks", response_model=list[ComplianceCheckRead])
+async def compliance_checks(
+    session: SessionDep,
+    worker_id: Annotated[str | None, Query(max_length=36)] = None,
+    session_id: Annotated[str | None, Query(max_length=64)] = None,
+    outcome: Annotated[Literal["passed", "failed", "inconclusive"] | None, Query()] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+) -> list[ComplianceCheckRead]:
+    """Compliance checks of workers, newest first: each with the prompt and, for a mismatch, both
+    answers (`outcome=failed` lists the failures; the first is the last mismatch)."""
+    checks = await list_checks(
+        session, worker_id=worker_id, session_id=session_id, outcome=outcome, limit=limit
+    )
+    return [ComplianceCheckRead.model_validate(c, from_attributes=True) for c in checks]
+
+
 @router.delete("/workers/{worker_id}", status_code=204, responses=_WORKER)
 async def delete_worker(worker_id: str, session: SessionDep, broker: BrokerDep) -> Response:
     """Delete the worker and its key (its connection history is kept). Its open sockets, on any
@@ -189,6 +229,11 @@ _SESSION_DETAILS = {
     "draining",
     "worker_version",
     "connected_at",
+    "backend_model_id",
+    "backend_model_revision",
+    "backend_version",
+    "trusted",
+    "flagged",
 }
 
 

@@ -10,10 +10,12 @@ from starlette.websockets import WebSocketDisconnect
 
 from oasst_inference_server.api.deps import (
     BrokerDep,
+    ComplianceDep,
     DispatchersDep,
     LifecycleDep,
     SessionFactoryDep,
     SettingsDep,
+    SpotChecksDep,
 )
 from oasst_inference_server.auth.worker_keys import (
     KeyCheckUnavailable,
@@ -21,6 +23,7 @@ from oasst_inference_server.auth.worker_keys import (
     key_refusal,
     record_worker_event,
 )
+from oasst_inference_server.dispatch.trust import WorkerTrust
 from oasst_inference_server.dispatch.worker_connection import WorkerConnection
 from oasst_shared.protocol import (
     API_KEY_HEADER,
@@ -58,10 +61,13 @@ async def worker_work(
     broker: BrokerDep,
     lifecycle: LifecycleDep,
     dispatchers: DispatchersDep,
+    compliance: ComplianceDep,
+    spot_checks: SpotChecksDep,
 ) -> None:
     """The worker socket: API-key and protocol-version handshake, then the frames of oasst_shared.protocol."""
     key = websocket.headers.get(API_KEY_HEADER)
-    static_key = _key_is_valid(key, settings.worker_api_keys)
+    trusted_static_key = _key_is_valid(key, settings.trusted_worker_api_keys)
+    static_key = trusted_static_key or _key_is_valid(key, settings.worker_api_keys)
     # Besides the static keys of settings: the keys of workers registered through the admin API.
     try:
         registered = None if static_key else await find_worker_by_key(sessions, key)
@@ -125,6 +131,13 @@ async def worker_work(
         protocol_version=version,
         worker_id=registered.id if registered else None,
         dispatcher=dispatchers.for_model(info.model_config_.name),
+        trust=WorkerTrust(
+            trusted=trusted_static_key or (registered is not None and registered.trusted),
+            flagged=registered is not None and registered.flagged_at is not None,
+            flag_reason=registered.flag_reason if registered else None,
+        ),
+        compliance=compliance,
+        spot_checks=spot_checks,
     )
     record = functools.partial(
         record_worker_event,
@@ -133,7 +146,14 @@ async def worker_work(
         session_id=connection.session_id,
         model_config_name=info.model_config_.name,
     )
-    details = {"backend_kind": info.backend_kind, "max_parallel_requests": info.max_parallel_requests}
+    details = {
+        "backend_kind": info.backend_kind,
+        "max_parallel_requests": info.max_parallel_requests,
+        "backend_model_id": info.backend_model_id,
+        "backend_model_revision": info.backend_model_revision,
+        "backend_version": info.backend_version,
+        "trusted": connection.trust.trusted,
+    }
     await record(event_type="connected", details=details)
     try:
         await connection.run()
