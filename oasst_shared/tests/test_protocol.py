@@ -142,7 +142,7 @@ def test_cap_max_new_tokens():
     assert config.cap_max_new_tokens(500, prompt_tokens=199) == 1
 
 
-# ---------------------------------------------------------------- frame limit and text (issue 11)
+# ---------------------------------------------------------------- frame limit and text
 
 
 def test_text_no_frame_may_carry_is_refused_in_worker_frames() -> None:

@@ -1,4 +1,4 @@
-"""Compliance checks end to end, on the real bundled CPU backend (issue 13).
+"""Compliance checks end to end, on the real bundled CPU backend.
 
 One trusted worker (a static trusted key) and two untrusted ones (admin-created keys), all on one CPU
 backend: the honest one talks to it directly, the dishonest one through a proxy that changes one

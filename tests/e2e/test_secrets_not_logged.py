@@ -1,4 +1,4 @@
-"""Nothing secret is logged (issue 11): a full run at DEBUG level, then every log is searched for
+"""Nothing secret is logged: a full run at DEBUG level, then every log is searched for
 every token and key the run created or configured."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker-socket safety (issue 11): a poison message fails alone, backend refusals spend no attempt,
+"""Worker-socket safety: a poison message fails alone, backend refusals spend no attempt,
 every in_progress has a time bound, and a cancel reaches the worker even when its command is lost.
 
 Real Postgres and Redis; the scripted fake backend injects the faults, and raw protocol workers

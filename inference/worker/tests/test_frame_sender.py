@@ -185,7 +185,7 @@ def test_max_pending_must_be_positive(socket: GatedSocket) -> None:
         FrameSender(socket, max_pending=0)
 
 
-# ---------------------------------------------------------------- the frame limit (issue 11)
+# ---------------------------------------------------------------- the frame limit
 
 
 async def test_a_batch_over_the_frame_limit_is_split_and_nothing_is_lost(

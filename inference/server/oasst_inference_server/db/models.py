@@ -260,7 +260,7 @@ class DbUserSettings(SQLModel, table=True):
     updated_at: datetime = Field(default_factory=utcnow)
 
 
-# ---------------------------------------------------------------- usage that outlives its chat (issue 11)
+# ---------------------------------------------------------------- usage that outlives its chat
 
 
 class DbUsageRecord(SQLModel, table=True):

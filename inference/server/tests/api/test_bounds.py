@@ -1,4 +1,4 @@
-"""Bounds at the API (issue 11): system prompts, stop strings, sampling ranges, messages per request,
+"""Bounds at the API: system prompts, stop strings, sampling ranges, messages per request,
 chats per user and event-stream readers, each refused with a 4xx naming the limit."""
 
 from __future__ import annotations

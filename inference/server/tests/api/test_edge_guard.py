@@ -1,5 +1,5 @@
 """The edge: bodies bounded before authentication and parsing, invalid text refused on every API,
-and what production serves (issue 11)."""
+and what production serves."""
 
 from __future__ import annotations
 

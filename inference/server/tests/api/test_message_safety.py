@@ -1,4 +1,4 @@
-"""Message lifecycle guarantees of issue 11, checked in-process on the real Postgres and Redis: a
+"""Message lifecycle guarantees, checked in-process on the real Postgres and Redis: a
 message no frame can carry fails alone at claim time, the conversation is cut to the model's budget
 before it is sent, backend refusals spend no attempt, a pending cancel wins over a late result, and a
 reader resuming past a trimmed stream is told so."""

@@ -1,4 +1,4 @@
-"""Every route against every kind of caller (issue 11): a table says who may call each route of the
+"""Every route against every kind of caller: a table says who may call each route of the
 OpenAPI document (and the worker socket), and the test calls each with an anonymous request, another
 user, a worker key, an API key, an expired token, a revoked token, an admin and the owner.
 

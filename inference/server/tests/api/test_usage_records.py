@@ -1,4 +1,4 @@
-"""Usage cannot be erased: deleting a chat keeps its generations in GET /usage (issue 11)."""
+"""Usage cannot be erased: deleting a chat keeps its generations in GET /usage."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Scheduling acceptance (issue 12), as deterministic simulations in virtual time against each real
+"""Scheduling acceptance, as deterministic simulations in virtual time against each real
 broker: the fair queue, the tickets, the corrections and the worker choice are the server's own
 (:mod:`tests.support.scheduling_sim`); only the workers are simulated, at fixed speeds."""
 

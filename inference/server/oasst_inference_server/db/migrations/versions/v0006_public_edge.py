@@ -1,4 +1,4 @@
-"""Issue 11, the API edge: per-user token generation, usage records that outlive deleted
+"""The API edge: per-user token generation, usage records that outlive deleted
 chats and accounts, and trusted-client users moved to their own provider namespace.
 
 Revision ID: 0006
