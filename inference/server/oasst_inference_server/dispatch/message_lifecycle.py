@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime, timedelta
+from typing import Any
 
 from loguru import logger
 from pydantic import ValidationError
@@ -424,26 +425,9 @@ class MessageLifecycle:
             await self._hand_back(message_id, session_id, reason)
             return
         if retryable and attempts < self._settings.max_attempts:
-            async with self._sessions() as session:
-                result = await session.exec(
-                    update(DbMessage)
-                    .where(
-                        DbMessage.id == message_id,
-                        DbMessage.state == MessageState.in_progress,
-                        DbMessage.worker_session_id == session_id,
-                    )
-                    .values(
-                        state=MessageState.pending,
-                        worker_session_id=None,
-                        lease_deadline=None,
-                        generation_deadline=None,
-                    )
-                )
-                await session.commit()
-                if result.rowcount != 1:
-                    return
-                message = await session.get(DbMessage, message_id)
-            assert message is not None
+            message = await self._back_to_pending(message_id, session_id)
+            if message is None:
+                return
             ticket = fair_share.stored_ticket(message)
             if ticket is not None:  # it is charged again when dispatched again
                 await self._charge(message, -ticket.estimated_cost(self._settings))
@@ -462,8 +446,9 @@ class MessageLifecycle:
         error = reason if not retryable else f"gave up after {attempts} attempts: {reason}"
         await self.fail(message_id, error, state=MessageState.aborted_by_worker, session_id=session_id)
 
-    async def _hand_back(self, message_id: str, session_id: str, reason: str) -> None:
-        """Back to pending with the attempt refunded; no retry event, as nothing was generated."""
+    async def _back_to_pending(self, message_id: str, session_id: str, **values: Any) -> DbMessage | None:
+        """Move the message ``session_id`` holds back to pending (with ``values`` set too); the message,
+        or None if that session no longer held it."""
         async with self._sessions() as session:
             result = await session.exec(
                 update(DbMessage)
@@ -477,15 +462,24 @@ class MessageLifecycle:
                     worker_session_id=None,
                     lease_deadline=None,
                     generation_deadline=None,
-                    attempts=DbMessage.attempts - 1,
-                    backend_refusals=DbMessage.backend_refusals + 1,
+                    **values,
                 )
             )
             await session.commit()
             if result.rowcount != 1:
-                return
-            message = await session.get(DbMessage, message_id)
-        assert message is not None
+                return None
+            return await session.get(DbMessage, message_id)
+
+    async def _hand_back(self, message_id: str, session_id: str, reason: str) -> None:
+        """Back to pending with the attempt refunded; no retry event, as nothing was generated."""
+        message = await self._back_to_pending(
+            message_id,
+            session_id,
+            attempts=DbMessage.attempts - 1,
+            backend_refusals=DbMessage.backend_refusals + 1,
+        )
+        if message is None:
+            return
         try:
             await self.enqueue(message)
         except BrokerError as exc:
