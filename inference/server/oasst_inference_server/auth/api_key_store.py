@@ -9,7 +9,7 @@ from __future__ import annotations
 import secrets
 from datetime import timedelta
 
-from sqlalchemy import update
+from sqlalchemy import func, update
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -51,3 +51,35 @@ async def authenticate_api_key(session: AsyncSession, key: str) -> tuple[DbUser,
         await session.exec(update(DbApiKey).where(DbApiKey.id == row.id).values(last_used_at=now))
         await session.commit()
     return user, row
+
+
+async def count_active_api_keys(session: AsyncSession, user: DbUser) -> int:
+    """How many of ``user``'s keys are not revoked."""
+    return (
+        await session.exec(
+            select(func.count()).where(DbApiKey.user_id == user.id, DbApiKey.revoked_at.is_(None))
+        )
+    ).one()
+
+
+async def list_api_keys(session: AsyncSession, user: DbUser) -> list[DbApiKey]:
+    """``user``'s keys, newest first, revoked ones included."""
+    return list(
+        (
+            await session.exec(
+                select(DbApiKey).where(DbApiKey.user_id == user.id).order_by(DbApiKey.created_at.desc())
+            )
+        ).all()
+    )
+
+
+async def revoke_api_key(session: AsyncSession, user: DbUser, key_id: str) -> bool:
+    """Revoke ``user``'s key ``key_id`` (a no-op if already revoked); False if the user has no such key."""
+    row = await session.get(DbApiKey, key_id)
+    if row is None or row.user_id != user.id:
+        return False
+    if row.revoked_at is None:
+        row.revoked_at = utcnow()
+        session.add(row)
+        await session.commit()
+    return True

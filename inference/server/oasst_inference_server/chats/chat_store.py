@@ -12,10 +12,10 @@ from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.chats.usage_records import record_generations
-from oasst_inference_server.db.models import DbChat, DbMessage, DbMessageEvaluation, DbReport, DbUser
+from oasst_inference_server.db.models import DbChat, DbMessage, DbMessageEvaluation, DbReport, DbUser, utcnow
 from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES, to_message_read
 from oasst_inference_server.domain_errors import InvalidRequest, not_found
-from oasst_shared.schemas import ChatListRead, ChatRead, MessageRead
+from oasst_shared.schemas import ChatListRead, ChatRead, MessageRead, MessageState, Role
 
 if TYPE_CHECKING:
     from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
@@ -54,6 +54,11 @@ async def chat_messages(session: AsyncSession, chat_id: str) -> list[DbMessage]:
 
 async def count_chat_messages(session: AsyncSession, chat_id: str) -> int:
     return int((await session.exec(select(func.count()).where(DbMessage.chat_id == chat_id))).one())
+
+
+async def count_user_chats(session: AsyncSession, user_id: str) -> int:
+    """How many chats the user has (hidden ones included)."""
+    return int((await session.exec(select(func.count()).where(DbChat.user_id == user_id))).one())
 
 
 def to_chat_list_read(chat: DbChat) -> ChatListRead:
@@ -106,6 +111,53 @@ async def chat_read(session: AsyncSession, chat: DbChat) -> ChatRead:
 def title_from_prompt(content: str) -> str:
     line = " ".join(content.split())
     return line if len(line) <= TITLE_LENGTH else line[: TITLE_LENGTH - 1] + "…"
+
+
+_REPLY_STATES = (MessageState.complete, MessageState.cancelled)
+
+
+async def create_user_chat(session: AsyncSession, user: DbUser, title: str | None) -> DbChat:
+    """A new, empty chat of ``user`` (committed)."""
+    chat = DbChat(user_id=user.id, title=title)
+    session.add(chat)
+    await session.commit()
+    return chat
+
+
+async def add_prompter_message(
+    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str
+) -> DbMessage:
+    """Add the user's message (committed): the chat's first message, or a reply to a finished assistant
+    message of the chat (``InvalidRequest`` otherwise). It becomes the tail of the chat's active thread."""
+    if parent_id is None:
+        has_root = (
+            await session.exec(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
+        ).first()
+        if has_root:
+            raise InvalidRequest("parent_required", "the chat already has messages: give parent_id")
+    else:
+        parent = await get_parent_message(session, chat, parent_id)
+        if parent.role != Role.assistant:
+            raise InvalidRequest(
+                "parent_not_assistant", "a prompter message must answer an assistant message"
+            )
+        if parent.state not in _REPLY_STATES:
+            raise InvalidRequest("parent_not_complete", f"the parent message is {parent.state}")
+    message = DbMessage(
+        chat_id=chat.id,
+        parent_id=parent_id,
+        role=Role.prompter,
+        content=content,
+        state=MessageState.manual,
+    )
+    session.add(message)
+    chat.modified_at = utcnow()
+    chat.active_thread_tail_message_id = message.id
+    if chat.title is None:
+        chat.title = title_from_prompt(content)
+    session.add(chat)
+    await session.commit()
+    return message
 
 
 # ---------------------------------------------------------------- listing with cursors

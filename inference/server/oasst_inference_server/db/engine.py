@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sqlalchemy import event
+from sqlalchemy import Integer, event, literal_column
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db import models  # noqa: F401 - registers the tables
@@ -51,3 +52,8 @@ def create_engine(settings: Settings) -> AsyncEngine:
 
 def make_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, class_=AsyncSession, expire_on_commit=False)
+
+
+async def ping_database(session: AsyncSession) -> None:
+    """Run a trivial query; raises whatever the driver raises when the database does not answer."""
+    await session.exec(select(literal_column("1", Integer)))  # SELECT 1

@@ -9,7 +9,6 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import delete, func, select
 
 from oasst_inference_server.api.deps import (
     BrokerDep,
@@ -20,15 +19,27 @@ from oasst_inference_server.api.deps import (
 )
 from oasst_inference_server.api.responses import ADMIN, Responses, error
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
-from oasst_inference_server.auth.worker_keys import live_sessions_of, new_worker_key
+from oasst_inference_server.auth.users import change_user_tier, find_user
+from oasst_inference_server.auth.worker_admin import (
+    all_workers,
+    new_key_for_worker,
+    register_worker,
+    remove_worker,
+    session_workers,
+    update_worker_limits,
+    update_worker_trust,
+    worker_names,
+)
+from oasst_inference_server.auth.worker_keys import live_sessions_of
 from oasst_inference_server.broker import WorkerSession
 from oasst_inference_server.chats.accounts import delete_account
-from oasst_inference_server.db.models import DbChat, DbUser, DbWorker, DbWorkerEvent, utcnow
+from oasst_inference_server.chats.chat_store import count_user_chats
+from oasst_inference_server.db.models import DbWorker
 from oasst_inference_server.dispatch.compliance_store import list_checks
 from oasst_inference_server.dispatch.events import worker_command_channel
 from oasst_inference_server.dispatch.queue_status import queue_status
 from oasst_inference_server.dispatch.worker_connection import DISCONNECT_COMMAND
-from oasst_inference_server.domain_errors import InvalidValue, NotAuthenticated, NotPermitted, not_found
+from oasst_inference_server.domain_errors import InvalidValue, NotAuthenticated, NotPermitted
 from oasst_shared.schemas import (
     AdminUserRead,
     ComplianceCheckRead,
@@ -66,24 +77,12 @@ _USER: Responses = {404: error("No such user")}
 
 async def _session_counts(broker: BrokerDep, session: SessionDep) -> dict[str, int]:
     """Live sessions per registered worker id."""
-    workers = await _session_workers(session, [r.session_id for r in await broker.list_worker_sessions()])
+    workers = await session_workers(session, [r.session_id for r in await broker.list_worker_sessions()])
     counts: dict[str, int] = {}
     for worker_id in workers.values():
         if worker_id is not None:
             counts[worker_id] = counts.get(worker_id, 0) + 1
     return counts
-
-
-async def _session_workers(session: SessionDep, session_ids: list[str]) -> dict[str, str | None]:
-    if not session_ids:
-        return {}
-    rows = await session.exec(
-        select(DbWorkerEvent.session_id, DbWorkerEvent.worker_id).where(
-            DbWorkerEvent.session_id.in_(session_ids),
-            DbWorkerEvent.event_type == "connected",
-        )
-    )
-    return dict(rows.all())
 
 
 def _worker_read(worker: DbWorker, sessions: int = 0) -> WorkerRead:
@@ -113,24 +112,16 @@ async def _close_sockets(broker: BrokerDep, worker_id: str) -> None:
 )
 async def create_worker(body: CreateWorkerRequest, session: SessionDep) -> WorkerCreated:
     """Register a worker; the response holds its API key, which is not shown again."""
-    key, key_hash, prefix = new_worker_key()
-    worker = DbWorker(
-        name=body.name,
-        api_key_hash=key_hash,
-        api_key_prefix=prefix,
-        allowed_models=body.allowed_models,
-        max_slots=body.max_slots,
-        max_sockets=body.max_sockets,
+    worker, key = await register_worker(
+        session, body.name, body.allowed_models, body.max_slots, body.max_sockets
     )
-    session.add(worker)
-    await session.commit()
     return WorkerCreated(**_worker_read(worker).model_dump(), api_key=key)
 
 
 @router.get("/workers", response_model=list[WorkerRead])
 async def list_workers(session: SessionDep, broker: BrokerDep) -> list[WorkerRead]:
     counts = await _session_counts(broker, session)
-    workers = (await session.exec(select(DbWorker).order_by(DbWorker.created_at))).scalars().all()
+    workers = await all_workers(session)
     return [_worker_read(w, counts.get(w.id, 0)) for w in workers]
 
 
@@ -138,12 +129,7 @@ async def list_workers(session: SessionDep, broker: BrokerDep) -> list[WorkerRea
 async def replace_worker_key(worker_id: str, session: SessionDep, broker: BrokerDep) -> WorkerCreated:
     """Issue a new API key for the worker; the old one stops working at once: the sockets opened with
     it, on every replica, are closed (their messages are retried elsewhere)."""
-    worker = await session.get(DbWorker, worker_id)
-    if worker is None:
-        raise not_found("worker")
-    key, worker.api_key_hash, worker.api_key_prefix = new_worker_key()
-    session.add(worker)
-    await session.commit()
+    worker, key = await new_key_for_worker(session, worker_id)
     await _close_sockets(broker, worker_id)
     return WorkerCreated(**_worker_read(worker).model_dump(), api_key=key)
 
@@ -154,16 +140,9 @@ async def set_worker_limits(
 ) -> WorkerRead:
     """Replace what the worker's key allows; its open sockets are closed and reconnect under the new
     limits (a worker that announces more than they allow is refused with close code 4003)."""
-    worker = await session.get(DbWorker, worker_id)
-    if worker is None:
-        raise not_found("worker")
-    worker.allowed_models, worker.max_slots, worker.max_sockets = (
-        body.allowed_models,
-        body.max_slots,
-        body.max_sockets,
+    worker = await update_worker_limits(
+        session, worker_id, body.allowed_models, body.max_slots, body.max_sockets
     )
-    session.add(worker)
-    await session.commit()
     await _close_sockets(broker, worker_id)
     return _worker_read(worker)
 
@@ -174,14 +153,7 @@ async def set_worker_trust(
 ) -> WorkerRead:
     """Trust the worker's key or not (trusted keys are never compliance-checked and answer the checks),
     and clear its compliance flag; its open sockets are closed and reconnect under the new trust."""
-    worker = await session.get(DbWorker, worker_id)
-    if worker is None:
-        raise not_found("worker")
-    worker.trusted = body.trusted
-    if body.clear_flag:
-        worker.flagged_at, worker.flag_reason, worker.checks_cleared_at = None, None, utcnow()
-    session.add(worker)
-    await session.commit()
+    worker = await update_worker_trust(session, worker_id, body.trusted, body.clear_flag)
     await _close_sockets(broker, worker_id)
     return _worker_read(worker)
 
@@ -207,11 +179,8 @@ async def delete_worker(worker_id: str, session: SessionDep, broker: BrokerDep) 
     """Delete the worker and its key (its connection history is kept). Its open sockets, on any
     replica, are closed (their messages are retried elsewhere) and it cannot reconnect."""
     # Find its sockets first: deleting the worker also deletes its connection events.
-    live = await _session_workers(session, [r.session_id for r in await broker.list_worker_sessions()])
-    result = await session.exec(delete(DbWorker).where(DbWorker.id == worker_id))
-    await session.commit()
-    if result.rowcount != 1:
-        raise not_found("worker")
+    live = await session_workers(session, [r.session_id for r in await broker.list_worker_sessions()])
+    await remove_worker(session, worker_id)
     for session_id, owner in live.items():
         if owner == worker_id:
             await broker.publish_command(worker_command_channel(session_id), DISCONNECT_COMMAND)
@@ -241,12 +210,8 @@ _SESSION_DETAILS = {
 async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[WorkerSessionRead]:
     """Every connected worker socket on every replica, with its capacity and in-flight messages."""
     records = await broker.list_worker_sessions()
-    workers = await _session_workers(session, [r.session_id for r in records])
-    worker_ids = {w for w in workers.values() if w is not None}
-    names: dict[str, str] = {}
-    if worker_ids:
-        rows = await session.exec(select(DbWorker.id, DbWorker.name).where(DbWorker.id.in_(worker_ids)))
-        names = dict(rows.all())
+    workers = await session_workers(session, [r.session_id for r in records])
+    names = await worker_names(session, {w for w in workers.values() if w is not None})
     out = []
     for record in sorted(records, key=lambda r: (r.model_config_name, r.session_id)):
         worker_id = workers.get(record.session_id)
@@ -269,17 +234,14 @@ async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[W
 async def revoke_tokens(user_id: str, session: SessionDep) -> RevokedTokensResponse:
     """Sign the user out everywhere: every refresh token is revoked and every access token already
     issued stops working (the count is of refresh tokens)."""
-    if await session.get(DbUser, user_id) is None:
-        raise not_found("user")
+    await find_user(session, user_id)
     return RevokedTokensResponse(revoked=await revoke_user_tokens(session, user_id))
 
 
 @router.delete("/users/{user_id}", status_code=204, responses=_USER)
 async def delete_user(user_id: str, session: SessionDep, lifecycle: LifecycleDep) -> Response:
     """Delete a user the way ``DELETE /account`` does (anonymised, generations cancelled)."""
-    user = await session.get(DbUser, user_id)
-    if user is None or user.deleted:
-        raise not_found("user")
+    user = await find_user(session, user_id, deleted_too=False)
     await delete_account(session, lifecycle, user)
     return Response(status_code=204)
 
@@ -287,10 +249,8 @@ async def delete_user(user_id: str, session: SessionDep, lifecycle: LifecycleDep
 @router.get("/users/{user_id}", response_model=AdminUserRead, responses=_USER)
 async def get_user(user_id: str, session: SessionDep) -> AdminUserRead:
     """A user (deleted ones too) and how many chats they have."""
-    user = await session.get(DbUser, user_id)
-    if user is None:
-        raise not_found("user")
-    chats = (await session.exec(select(func.count()).where(DbChat.user_id == user_id))).scalar_one()
+    user = await find_user(session, user_id)
+    chats = await count_user_chats(session, user_id)
     return AdminUserRead(
         id=user.id,
         provider=user.provider,
@@ -311,17 +271,13 @@ async def set_user_tier(
 ) -> AdminUserRead:
     """Set the user's tier (a key of ``settings.user_tiers``; null for the default): its weight in the
     fair queues, for the messages the user queues from now on."""
-    user = await session.get(DbUser, user_id)
-    if user is None:
-        raise not_found("user")
+    user = await find_user(session, user_id)
     if body.tier is not None and body.tier not in settings.user_tiers:
         raise InvalidValue(
             "unknown_tier",
             f"unknown tier {body.tier!r}; tiers: {', '.join(sorted(settings.user_tiers))}",
         )
-    user.tier = body.tier
-    session.add(user)
-    await session.commit()
+    await change_user_tier(session, user, body.tier)
     return await get_user(user_id, session)
 
 

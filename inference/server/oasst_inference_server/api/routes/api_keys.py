@@ -6,12 +6,16 @@ Managing keys needs the user's access token; a key cannot create or revoke keys.
 from __future__ import annotations
 
 from fastapi import APIRouter, Response
-from sqlalchemy import func, select
 
 from oasst_inference_server.api.deps import SessionDep, SettingsDep, SignedInUser
 from oasst_inference_server.api.responses import AUTH, error
-from oasst_inference_server.auth.api_key_store import create_api_key
-from oasst_inference_server.db.models import DbApiKey, utcnow
+from oasst_inference_server.auth.api_key_store import (
+    count_active_api_keys,
+    create_api_key,
+    list_api_keys,
+    revoke_api_key,
+)
+from oasst_inference_server.db.models import DbApiKey
 from oasst_inference_server.domain_errors import Conflict, not_found
 from oasst_shared.schemas import (
     ApiKeyCreated,
@@ -44,11 +48,7 @@ async def create_key(
     body: CreateApiKeyRequest, user: SignedInUser, session: SessionDep, settings: SettingsDep
 ) -> ApiKeyCreated:
     """Create a key. The response carries the key itself, once: only its hash is stored."""
-    active = (
-        await session.exec(
-            select(func.count()).where(DbApiKey.user_id == user.id, DbApiKey.revoked_at.is_(None))
-        )
-    ).scalar_one()
+    active = await count_active_api_keys(session, user)
     if active >= settings.max_api_keys_per_user:
         raise Conflict(
             "too_many_api_keys",
@@ -61,11 +61,7 @@ async def create_key(
 @router.get("", response_model=ListApiKeysResponse, responses=AUTH)
 async def list_keys(user: SignedInUser, session: SessionDep) -> ListApiKeysResponse:
     """The user's keys, newest first, revoked ones included (their usage stays theirs)."""
-    rows = (
-        await session.exec(
-            select(DbApiKey).where(DbApiKey.user_id == user.id).order_by(DbApiKey.created_at.desc())
-        )
-    ).scalars()
+    rows = await list_api_keys(session, user)
     return ListApiKeysResponse(api_keys=[to_api_key_read(r) for r in rows])
 
 
@@ -76,11 +72,6 @@ async def list_keys(user: SignedInUser, session: SessionDep) -> ListApiKeysRespo
 )
 async def revoke_key(key_id: str, user: SignedInUser, session: SessionDep) -> Response:
     """Revoke a key at once; requests with it get 401 from now on."""
-    row = await session.get(DbApiKey, key_id)
-    if row is None or row.user_id != user.id:
+    if not await revoke_api_key(session, user, key_id):
         raise not_found("api_key")
-    if row.revoked_at is None:
-        row.revoked_at = utcnow()
-        session.add(row)
-        await session.commit()
     return Response(status_code=204)

@@ -6,13 +6,13 @@ from typing import Annotated
 
 from fastapi import APIRouter, Cookie, Header, Query
 from fastapi.responses import RedirectResponse, Response
-from sqlalchemy import select
 
 from oasst_inference_server.api.deps import CurrentUser, SessionDep, SettingsDep
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.api.routes.web import signin_handoff
 from oasst_inference_server.auth import oauth, refresh_tokens
 from oasst_inference_server.auth.trusted_client import TRUSTED_CLIENT_HEADER, trusted_client_user
+from oasst_inference_server.auth.users import get_or_create_user
 from oasst_inference_server.db.models import DbUser
 from oasst_inference_server.domain_errors import DomainError, InvalidValue, NotAuthenticated, NotPermitted
 from oasst_shared.schemas import AuthCheckResponse, LoginResponse, RefreshRequest, UserRead
@@ -30,19 +30,6 @@ def user_read(user: DbUser) -> UserRead:
         display_name=user.display_name,
         created_at=user.created_at,
     )
-
-
-async def _get_or_create_user(session: SessionDep, provider: str, account_id: str, name: str) -> DbUser:
-    user = (
-        await session.exec(
-            select(DbUser).where(DbUser.provider == provider, DbUser.provider_account_id == account_id)
-        )
-    ).scalar_one_or_none()
-    if user is None:
-        user = DbUser(provider=provider, provider_account_id=account_id, display_name=name)
-        session.add(user)
-        await session.commit()
-    return user
 
 
 @router.get("/providers", response_model=list[str])
@@ -137,7 +124,7 @@ async def debug_login(
     """Log in as ``code`` without a password (development only: ``OASST_SERVER_ALLOW_DEBUG_AUTH``)."""
     if not settings.allow_debug_auth:
         raise NotPermitted("debug_auth_disabled", "debug login is disabled on this server")
-    user = await _get_or_create_user(session, "debug", code, code)
+    user = await get_or_create_user(session, "debug", code, code)
     return await refresh_tokens.login(session, settings, user)
 
 
@@ -192,7 +179,7 @@ async def callback_oauth(
         config = oauth.get_provider(settings, provider)
         oauth.check_state(settings, config, state, nonce)
         account_id, name = await oauth.fetch_identity(settings, config, code)
-        user = await _get_or_create_user(session, config.name, account_id, name)
+        user = await get_or_create_user(session, config.name, account_id, name)
         if user.deleted:
             raise NotAuthenticated("user_deleted", "this account was deleted")
         pair = await refresh_tokens.login(session, settings, user)

@@ -5,7 +5,6 @@ from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from sqlalchemy import select
 from sse_starlette import EventSourceResponse
 
 from oasst_inference_server.admission.limits import check_chat_capacity, check_message_length
@@ -21,16 +20,15 @@ from oasst_inference_server.api.deps import (
 )
 from oasst_inference_server.broker import is_stream_id
 from oasst_inference_server.chats.chat_store import (
+    add_prompter_message,
     chat_read,
+    create_user_chat,
     get_chat_message,
     get_own_chat,
-    get_parent_message,
     list_user_chats,
     message_read_with_feedback,
-    title_from_prompt,
     to_chat_list_read,
 )
-from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
 from oasst_inference_server.dispatch.message_lifecycle import to_message_read
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue
 from oasst_inference_server.streams.event_reader import read_message_events
@@ -44,7 +42,6 @@ from oasst_shared.schemas import (
     ErrorBody,
     ListChatsResponse,
     MessageRead,
-    MessageState,
     Role,
 )
 
@@ -57,7 +54,6 @@ _ID_ERRORS: dict[int | str, dict[str, Any]] = {
     **_AUTH_ERRORS,
     404: {"model": ErrorBody, "description": "No such chat or message for this user"},
 }
-_REPLY_STATES = (MessageState.complete, MessageState.cancelled)
 
 
 @router.post(
@@ -72,9 +68,7 @@ async def create_chat(
     user: CurrentUser, session: SessionDep, settings: SettingsDep, body: CreateChatRequest | None = None
 ) -> ChatRead:
     await check_chat_count(session, settings, user.id)
-    chat = DbChat(user_id=user.id, title=body.title if body else None)
-    session.add(chat)
-    await session.commit()
+    chat = await create_user_chat(session, user, body.title if body else None)
     return ChatRead(**to_chat_list_read(chat).model_dump())
 
 
@@ -128,34 +122,7 @@ async def create_prompter_message(
         raise InvalidValue("empty_message", "the message is empty")
     check_message_length(settings, body.content)
     await check_chat_capacity(session, settings, chat.id)
-    if body.parent_id is None:
-        has_root = (
-            await session.exec(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
-        ).first()
-        if has_root:
-            raise InvalidRequest("parent_required", "the chat already has messages: give parent_id")
-    else:
-        parent = await get_parent_message(session, chat, body.parent_id)
-        if parent.role != Role.assistant:
-            raise InvalidRequest(
-                "parent_not_assistant", "a prompter message must answer an assistant message"
-            )
-        if parent.state not in _REPLY_STATES:
-            raise InvalidRequest("parent_not_complete", f"the parent message is {parent.state}")
-    message = DbMessage(
-        chat_id=chat.id,
-        parent_id=body.parent_id,
-        role=Role.prompter,
-        content=body.content,
-        state=MessageState.manual,
-    )
-    session.add(message)
-    chat.modified_at = utcnow()
-    chat.active_thread_tail_message_id = message.id
-    if chat.title is None:
-        chat.title = title_from_prompt(body.content)
-    session.add(chat)
-    await session.commit()
+    message = await add_prompter_message(session, chat, body.parent_id, body.content)
     return to_message_read(message)
 
 

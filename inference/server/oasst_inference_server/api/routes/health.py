@@ -2,9 +2,9 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 
 from oasst_inference_server.api.deps import BrokerDep, SessionDep
+from oasst_inference_server.db.engine import ping_database
 
 router = APIRouter(tags=["health"])
 
@@ -14,7 +14,7 @@ async def health(session: SessionDep, broker: BrokerDep) -> JSONResponse:
     """Liveness and readiness: the database and the broker both answer."""
     checks: dict[str, str] = {}
     try:
-        await session.exec(text("SELECT 1"))
+        await ping_database(session)
         checks["database"] = "ok"
     except Exception as exc:  # any driver error means "not ready"
         checks["database"] = f"error: {type(exc).__name__}"

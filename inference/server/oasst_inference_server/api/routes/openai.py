@@ -12,7 +12,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
-from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.admission.capabilities import check_capabilities
 from oasst_inference_server.admission.request_bounds import check_chat_completion_bounds
@@ -184,7 +183,7 @@ async def _generate(
     response: Response,
     body: ChatCompletionRequest | CompletionRequest,
     caller: Caller,
-    session: AsyncSession,
+    session: SessionDep,
     settings: Settings,
     service: OpenAIService,
 ) -> Any:

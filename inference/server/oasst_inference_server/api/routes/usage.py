@@ -10,103 +10,26 @@ from __future__ import annotations
 from typing import Annotated
 
 from fastapi import APIRouter, Query
-from sqlalchemy import func, select
 
 from oasst_inference_server.api.deps import ApiCaller, SessionDep
 from oasst_inference_server.api.responses import AUTH, error
-from oasst_inference_server.db.models import DbApiKey, DbChat, DbMessage, DbUsageRecord
-from oasst_inference_server.domain_errors import not_found
+from oasst_inference_server.chats.usage_report import get_api_request, recent_api_requests, user_usage
+from oasst_inference_server.db.models import DbMessage
 from oasst_inference_server.openai_api.openai_service import API_KINDS
 from oasst_shared.schemas import (
-    ApiKeyUsage,
     ApiRequestRead,
     ListApiRequestsResponse,
     MessageState,
     UsageRead,
-    UsageTotals,
 )
 
 router = APIRouter(prefix="/usage", tags=["usage"])
 
 
-def _totals(requests: int | None, prompt: int | None, completion: int | None) -> UsageTotals:
-    prompt, completion = int(prompt or 0), int(completion or 0)
-    return UsageTotals(
-        requests=int(requests or 0),
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=prompt + completion,
-    )
-
-
-def _add(a: UsageTotals, b: UsageTotals) -> UsageTotals:
-    return _totals(
-        a.requests + b.requests, a.prompt_tokens + b.prompt_tokens, a.completion_tokens + b.completion_tokens
-    )
-
-
-_SUMS = (
-    func.count(),
-    func.sum(func.coalesce(DbMessage.prompt_tokens, 0)),
-    func.sum(func.coalesce(DbMessage.generated_tokens, 0)),
-)
-
-
 @router.get("", response_model=UsageRead, responses=AUTH)
 async def usage(caller: ApiCaller, session: SessionDep) -> UsageRead:
     """Generations (chat answers, completions, embeddings) and their tokens, per API key and in total."""
-    user_id = caller.user.id
-    queued = DbMessage.enqueued_at.is_not(None)
-    per_key = {
-        key_id: _totals(*sums)
-        for key_id, *sums in (
-            await session.exec(
-                select(DbMessage.api_key_id, *_SUMS)
-                .where(DbMessage.user_id == user_id, queued)
-                .group_by(DbMessage.api_key_id)
-            )
-        ).all()
-    }
-    recorded = (
-        await session.exec(
-            select(
-                DbUsageRecord.api_key_id,
-                func.count(),
-                func.sum(DbUsageRecord.prompt_tokens),
-                func.sum(DbUsageRecord.generated_tokens),
-            )
-            .where(DbUsageRecord.user_id == user_id)
-            .group_by(DbUsageRecord.api_key_id)
-        )
-    ).all()
-    for key_id, *sums in recorded:  # generations of deleted chats (usage_records.py)
-        per_key[key_id] = _add(per_key.get(key_id, UsageTotals()), _totals(*sums))
-    chat_row = (
-        await session.exec(
-            select(*_SUMS)
-            .select_from(DbMessage)
-            .join(DbChat, DbChat.id == DbMessage.chat_id)
-            .where(DbChat.user_id == user_id, DbMessage.user_id.is_(None), queued)
-        )
-    ).one()
-    without_key = _add(per_key.pop(None, UsageTotals()), _totals(*chat_row))
-    keys = (
-        await session.exec(select(DbApiKey).where(DbApiKey.user_id == user_id).order_by(DbApiKey.created_at))
-    ).scalars()
-    api_keys = [
-        ApiKeyUsage(
-            api_key_id=k.id,
-            name=k.name,
-            prefix=k.prefix,
-            revoked=k.revoked_at is not None,
-            **per_key.get(k.id, UsageTotals()).model_dump(),
-        )
-        for k in keys
-    ]
-    total = without_key
-    for key_usage in api_keys:
-        total = _add(total, UsageTotals(**key_usage.model_dump(include=set(UsageTotals.model_fields))))
-    return UsageRead(total=total, api_keys=api_keys, without_api_key=without_key)
+    return await user_usage(session, caller.user.id)
 
 
 def _request_read(m: DbMessage) -> ApiRequestRead:
@@ -134,10 +57,7 @@ async def list_requests(
     api_key_id: str | None = None,
 ) -> ListApiRequestsResponse:
     """The user's most recent requests of the OpenAI-compatible API, newest first."""
-    query = select(DbMessage).where(DbMessage.user_id == caller.user.id, DbMessage.kind.in_(API_KINDS))
-    if api_key_id is not None:
-        query = query.where(DbMessage.api_key_id == api_key_id)
-    rows = (await session.exec(query.order_by(DbMessage.created_at.desc()).limit(limit))).scalars()
+    rows = await recent_api_requests(session, caller.user.id, API_KINDS, limit, api_key_id)
     return ListApiRequestsResponse(requests=[_request_read(m) for m in rows])
 
 
@@ -149,7 +69,5 @@ async def list_requests(
 async def get_request(request_id: str, caller: ApiCaller, session: SessionDep) -> ApiRequestRead:
     """One API request by its id (the ``X-Request-Id`` header, or a completion id without its prefix)."""
     request_id = request_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
-    message = await session.get(DbMessage, request_id)
-    if message is None or message.user_id != caller.user.id or message.kind not in API_KINDS:
-        raise not_found("request")
+    message = await get_api_request(session, caller.user.id, API_KINDS, request_id)
     return _request_read(message)
