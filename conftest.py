@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -33,6 +34,13 @@ def _close_clients() -> Iterator[None]:
     """Close the HTTP clients tests opened without a ``with`` block (tests/support/clients.py)."""
     yield
     close_all()
+    # llama-cpp-python opens two /dev/null files when it is imported (llama_cpp/_utils.py) and never
+    # closes them: Python would report them at exit, after the summary. Close them with the session.
+    llama_utils = sys.modules.get("llama_cpp._utils")
+    for name in ("outnull_file", "errnull_file"):
+        opened = getattr(llama_utils, name, None)
+        if opened is not None:
+            opened.close()
 
 
 @pytest.fixture(scope="session")
