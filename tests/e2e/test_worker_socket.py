@@ -74,13 +74,13 @@ async def worker_holding_work(
     info = own_model_info()
     async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers(version=version)) as ws:
         await ws.send(dump_frame(info))
-        await asyncio.to_thread(wait_for_model, stack.url, info.model_config.name)
+        await asyncio.to_thread(wait_for_model, stack.url, info.model_config_.name)
         api = ChatApi(stack.url, f"user-{uuid.uuid4().hex[:8]}")
         chat_id = api.create_chat()
         prompter = api.prompter(chat_id, prompt)
         prompter.raise_for_status()
         answer = api.assistant(
-            chat_id, prompter.json()["id"], info.model_config.name, max_new_tokens=max_new_tokens
+            chat_id, prompter.json()["id"], info.model_config_.name, max_new_tokens=max_new_tokens
         )
         answer.raise_for_status()
         while (frame := json.loads(await asyncio.wait_for(ws.recv(), 10)))["type"] != "work":
