@@ -65,7 +65,8 @@ def ride_out_outage(
     stack: Stack, fake_backend: FakeBackend, stop_store: Callable[[], None], start_store: Callable[[], None]
 ) -> Outage:
     """Two fake workers, two long answers streaming and three waiting; then the store stops, the API is
-    probed, and two seconds later the store starts again. The workers and the stack are stopped on return."""
+    probed, and two seconds later the store starts again. The workers and the stack are stopped before
+    it returns (or raises)."""
     workers: list[ManagedProcess] = []
     try:
         model = fake_model()
