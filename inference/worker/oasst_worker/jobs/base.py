@@ -13,14 +13,12 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from oasst_shared.model_configs import ModelConfig
-from oasst_shared.protocol import EmbedWork, Work, WorkerError
+from oasst_shared.protocol import MAX_ERROR_CHARS, EmbedWork, Work, WorkerError
 from oasst_worker.backends.protocols import BackendBase
 from oasst_worker.backends.records import BackendError, BackendInfo
 
 # Writes one frame to the server; raises websockets' ConnectionClosed when the connection is gone.
 Send = Callable[[BaseModel], Awaitable[None]]
-# The most text a WorkerError frame carries (its ``error`` field's max_length).
-ERROR_TEXT_LIMIT = 4000
 
 
 class Job(Protocol):
@@ -67,7 +65,7 @@ def backend_failure(message_id: str, exc: BackendError) -> WorkerError:
     """The frame that tells the server a job's backend failed, and whether it may be retried elsewhere."""
     return WorkerError(
         message_id=message_id,
-        error=str(exc)[:ERROR_TEXT_LIMIT],
+        error=str(exc)[:MAX_ERROR_CHARS],
         retryable=exc.retryable,
         backend_unavailable=exc.unavailable,
     )
