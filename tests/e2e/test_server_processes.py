@@ -122,34 +122,32 @@ def serving_process(port: int, candidates: list[int]) -> set[int]:
 
 
 @pytest.fixture
-def fake_backend(tmp_path: Path) -> Iterator[FakeBackend]:
+def two_process_stack(tmp_path: Path) -> Iterator[tuple[Stack, FakeBackend]]:
+    """The server with two processes (no worker yet) and the scripted backend for a worker."""
     backend = start_fake_backend(tmp_path)
-    yield backend
-    backend.process.stop()
-
-
-@pytest.fixture
-def two_process_stack(fake_backend: FakeBackend, tmp_path: Path) -> Iterator[Stack]:
-    with fresh_database("oasst_processes") as database, fresh_redis_prefix("test:processes") as prefix:
-        stack = start_stack(
-            tmp_path,
-            fake_backend.url,
-            database,
-            REDIS_URL,
-            workers=0,
-            OASST_SERVER_PROCESSES="2",
-            OASST_SERVER_REDIS_KEY_PREFIX=prefix,
-        )
-        try:
-            yield stack
-        finally:
-            stack.stop()
+    try:
+        with fresh_database("oasst_processes") as database, fresh_redis_prefix("test:processes") as prefix:
+            stack = start_stack(
+                tmp_path,
+                backend.url,
+                database,
+                REDIS_URL,
+                workers=0,
+                OASST_SERVER_PROCESSES="2",
+                OASST_SERVER_REDIS_KEY_PREFIX=prefix,
+            )
+            try:
+                yield stack, backend
+            finally:
+                stack.stop()
+    finally:
+        backend.process.stop()
 
 
 def test_two_server_processes_share_the_port_serve_a_chat_and_stop_together(
-    two_process_stack: Stack, fake_backend: FakeBackend
+    two_process_stack: tuple[Stack, FakeBackend],
 ):
-    stack = two_process_stack
+    stack, fake_backend = two_process_stack
     port = int(stack.url.rsplit(":", 1)[1])
     supervisor = stack.server.proc.pid
     deadline = time.monotonic() + 30
