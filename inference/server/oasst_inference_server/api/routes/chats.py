@@ -16,6 +16,7 @@ from oasst_inference_server.api.deps import (
     SchedulingDep,
     SessionDep,
     SettingsDep,
+    StreamFanoutDep,
     SubmissionDep,
 )
 from oasst_inference_server.broker import is_stream_id
@@ -186,6 +187,7 @@ async def message_events(
     user: CurrentUser,
     session: SessionDep,
     broker: BrokerDep,
+    fanout: StreamFanoutDep,
     lifecycle: LifecycleDep,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -205,7 +207,7 @@ async def message_events(
     lease = await acquire_reader(broker, settings, user.id, message.id)
     await session.close()  # do not hold a database connection for the life of the stream
     batches = read_message_events(
-        lifecycle, broker, settings, message_id, last_event_id, request.is_disconnected
+        lifecycle, fanout, settings, message_id, last_event_id, request.is_disconnected
     )
     # no-cache rather than sse-starlette's no-store: the events are private either way (the request
     # carries Authorization, which shared caches must not store), and Chromium reports a streamed
