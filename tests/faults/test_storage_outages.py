@@ -8,6 +8,7 @@ and the API answers 503 with Retry-After, never a 500, while the store is down.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import shutil
 import subprocess
@@ -199,3 +200,33 @@ def test_a_postgres_restart_keeps_every_worker_and_loses_no_message(
     for message in outage.streaming + outage.waiting:
         assert message["state"] == "complete", message
     assert not outage.lost_workers, outage.lost_workers
+
+
+def test_the_first_requests_after_a_postgres_restart_succeed(private_postgres, redis_prefix, tmp_path):
+    """The pool checks no connection with a round trip when it hands one out: a restart closes every
+    pooled connection, and the pool replaces the closed ones instead of failing requests on them."""
+    stack = start_stack(
+        tmp_path,
+        "http://127.0.0.1:9",  # no worker: only the API's own queries
+        private_postgres.url,
+        REDIS_URL,
+        0,
+        OASST_SERVER_REDIS_KEY_PREFIX=f"{redis_prefix}pg-first:{uuid.uuid4().hex[:6]}:",
+        # Only the requests below use the pool (a recovery pass meeting a closed connection first
+        # would refresh the pool for them).
+        OASST_SERVER_RECOVERY_INTERVAL="3600",
+    )
+    try:
+        token = new_api(stack).token
+
+        def chats(_: object) -> int:
+            with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {token}"}) as client:
+                return client.get("/chats", timeout=30).status_code
+
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            assert list(pool.map(chats, range(12))) == [200] * 12  # several pooled connections
+            private_postgres.stop()
+            private_postgres.start()
+            assert list(pool.map(chats, range(12))) == [200] * 12
+    finally:
+        stack.stop()

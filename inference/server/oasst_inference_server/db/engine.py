@@ -6,6 +6,7 @@ from pathlib import Path
 
 from sqlalchemy import Integer, event, literal_column
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -42,12 +43,25 @@ def create_engine(settings: Settings) -> AsyncEngine:
             cursor.close()
 
         return engine
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=settings.database_pool_size,
         max_overflow=settings.database_pool_size,
-        pool_pre_ping=True,
+        # No "SELECT 1" round trip per checkout (pre-ping): see _skip_closed_connections.
+        pool_pre_ping=False,
     )
+    event.listen(engine.sync_engine, "checkout", _skip_closed_connections)
+    return engine
+
+
+def _skip_closed_connections(dbapi_connection, _record, _proxy) -> None:
+    """Refuse a pooled connection whose socket is already closed, at no cost: a Postgres restart closes
+    every connection, asyncpg notices the closed socket on its own, and the pool then opens a fresh one
+    in its place instead of failing the request. A connection that dies silently (no FIN: a network
+    partition) still fails its first statement; SQLAlchemy sees a disconnect error there and
+    invalidates the whole pool, so the next requests get fresh connections."""
+    if dbapi_connection.driver_connection.is_closed():
+        raise DisconnectionError("the database closed this connection")
 
 
 def make_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
