@@ -66,6 +66,7 @@ class Subscription:
         self._buffer: deque[StreamEntry] = deque()
         self._feed: _Feed | None = None
         self._missed_until: StreamId | None = None  # entries up to here come from the broker itself
+        self._skip_through: StreamId | None = None  # buffered entries up to here were already returned
         self._error: BrokerError | None = None
         self._waiter: asyncio.Future[None] | None = None  # set while read() waits for the feed
         self.detached = 0  # times this subscriber fell too far behind and was cut from its feed
@@ -123,8 +124,10 @@ class Subscription:
         feed = self._fanout._feed_for(self.stream, self.cursor)
         feed.subscribers.add(self)
         self._feed = feed
-        # The feed may have read past our cursor already: the broker still has what it read.
+        # The feed may have read past our cursor already (the broker still has what it read), or not
+        # reached it yet (what it reads up to the cursor is skipped).
         self._missed_until = feed.position_id if feed.position_id > self._cursor_id else None
+        self._skip_through = self._cursor_id if feed.position_id < self._cursor_id else None
 
     async def _read_missed(self) -> list[StreamEntry]:
         """Entries after the cursor up to where the feed was when we joined, read from the broker."""
@@ -142,12 +145,18 @@ class Subscription:
         return missed
 
     def _take_buffered(self) -> list[StreamEntry]:
-        taken: list[StreamEntry] = []
-        while self._buffer and len(taken) < READ_COUNT:
-            entry = self._buffer.popleft()
-            if parse_stream_id(entry.id) > self._cursor_id:  # the feed may have started before us
-                taken.append(entry)
-        return taken
+        buffer = self._buffer
+        if self._skip_through is not None:
+            while buffer and parse_stream_id(buffer[0].id) <= self._skip_through:
+                buffer.popleft()
+            if not buffer:
+                return []
+            self._skip_through = None
+        if len(buffer) <= READ_COUNT:
+            taken = list(buffer)
+            buffer.clear()
+            return taken
+        return [buffer.popleft() for _ in range(READ_COUNT)]
 
     def _advance(self, entries: list[StreamEntry]) -> list[StreamEntry]:
         self.cursor = entries[-1].id
@@ -168,6 +177,7 @@ class Subscription:
         self._buffer.clear()
         self._feed = None
         self._missed_until = None
+        self._skip_through = None
         self.detached += 1
         self._wake()
 
@@ -241,7 +251,9 @@ class StreamFanout:
             feed.task.cancel()
         fresh = self._feed_for(feed.stream, position)
         for subscription in feed.subscribers:
-            subscription._feed = fresh  # their cursors are past the old start, so past the new one
+            # Their cursors are at or past the old start, so past the new one: skip up to them.
+            subscription._feed = fresh
+            subscription._skip_through = subscription._cursor_id
             fresh.subscribers.add(subscription)
         feed.subscribers = set()
         return fresh

@@ -174,6 +174,18 @@ async def test_the_feed_stops_after_the_terminal_event_and_when_its_last_reader_
         assert fanout.feeds() == 0  # finished: the feed stopped with its reader still there
 
 
+async def test_a_reader_that_joins_ahead_of_the_feed_gets_nothing_twice(broker: Broker) -> None:
+    fanout = StreamFanout(broker)
+    async with fanout.subscribe(STREAM, None) as first, fanout.subscribe(STREAM, None) as second:
+        assert await first.read(timeout=0) == []  # the feed starts and waits for the first entry
+        ids = [await broker.append_event(STREAM, events.token_event(f" t{i}")) for i in range(3)]
+        # Before the feed has handed these on, the second reader reads them itself and joins.
+        assert [e.id for e in await second.read(timeout=1)] == ids
+        ids += await write(broker, 2)
+        assert [e.id for e in await read_to_end(first)] == ids
+        assert [e.id for e in await read_to_end(second)] == ids[3:]
+
+
 async def test_a_resume_id_past_the_stream_does_not_blind_a_later_reader(broker: Broker) -> None:
     fanout = StreamFanout(broker)
     async with (
@@ -183,6 +195,7 @@ async def test_a_resume_id_past_the_stream_does_not_blind_a_later_reader(broker:
         assert await ahead.read(timeout=0.05) == []
         ids = await asyncio.gather(write(broker, 5), read_to_end(honest))
         assert [e.id for e in ids[1]] == ids[0]
+        assert await ahead.read(timeout=0.05) == []  # nothing comes after its id
 
 
 async def test_a_broker_error_reaches_each_reader_once_then_reading_resumes(broker: Broker) -> None:
