@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from tests.e2e.chat_api import ChatApi, tokens_text
+from tests.support.fault_flows import queue
 
 pytestmark = pytest.mark.slow
 
@@ -106,14 +107,9 @@ def test_resume_with_last_event_id_has_no_duplicates_or_gaps(stack, api):
 def test_readers_of_one_answer_at_once_each_get_every_event_once(stack, api):
     """Readers of one message share the server's one read of its stream (streams/fanout.py): each still
     gets every event once and in order, one of them resuming with Last-Event-ID halfway."""
-    chat_id = api.create_chat()
-    prompter = api.prompter(chat_id, "Write a short poem about the sea.")
-    prompter.raise_for_status()
-    response = api.assistant(
-        chat_id, prompter.json()["id"], stack.model_name, do_sample=False, max_new_tokens=64
+    chat_id, message_id = queue(
+        api, stack.model_name, "Write a short poem about the sea.", do_sample=False, max_new_tokens=64
     )
-    response.raise_for_status()
-    message_id = response.json()["id"]
 
     def read_all() -> list:
         return ChatApi(stack.url, api.username).events(chat_id, message_id)
