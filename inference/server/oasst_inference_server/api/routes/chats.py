@@ -16,6 +16,7 @@ from oasst_inference_server.api.deps import (
     SchedulingDep,
     SessionDep,
     SettingsDep,
+    StreamFanoutDep,
     SubmissionDep,
 )
 from oasst_inference_server.broker import is_stream_id
@@ -180,6 +181,7 @@ async def create_turn(
     submission: SubmissionDep,
     scheduling: SchedulingDep,
     broker: BrokerDep,
+    fanout: StreamFanoutDep,
     lifecycle: LifecycleDep,
     settings: SettingsDep,
 ) -> EventSourceResponse:
@@ -202,7 +204,7 @@ async def create_turn(
         prompter_message=to_message_read(prompt), assistant_message=to_message_read(answer)
     )
     await session.close()  # do not hold a database connection for the life of the stream
-    batches = read_message_events(lifecycle, broker, settings, answer.id, None, request.is_disconnected)
+    batches = read_message_events(lifecycle, fanout, settings, answer.id, None, request.is_disconnected)
     return _event_stream(_encoded(batches, lease, first=[{"data": created.model_dump_json()}]), settings)
 
 
@@ -241,6 +243,7 @@ async def message_events(
     user: CurrentUser,
     session: SessionDep,
     broker: BrokerDep,
+    fanout: StreamFanoutDep,
     lifecycle: LifecycleDep,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -260,7 +263,7 @@ async def message_events(
     lease = await acquire_reader(broker, settings, user.id, message.id)
     await session.close()  # do not hold a database connection for the life of the stream
     batches = read_message_events(
-        lifecycle, broker, settings, message_id, last_event_id, request.is_disconnected
+        lifecycle, fanout, settings, message_id, last_event_id, request.is_disconnected
     )
     return _event_stream(_encoded(batches, lease), settings)
 
