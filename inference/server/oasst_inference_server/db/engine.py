@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Integer, event, literal_column
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.util import await_
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -42,12 +44,29 @@ def create_engine(settings: Settings) -> AsyncEngine:
             cursor.close()
 
         return engine
-    return create_async_engine(
+    engine = create_async_engine(
         url,
         pool_size=settings.database_pool_size,
         max_overflow=settings.database_pool_size,
         pool_pre_ping=True,
     )
+    engine.dialect.do_ping = _ping_once  # type: ignore[method-assign]
+    return engine
+
+
+def _ping_once(dbapi_connection: Any) -> bool:
+    """The pool's pre-ping in one round trip: ``SELECT 1`` as a simple-protocol query.
+
+    SQLAlchemy's asyncpg ping wraps its query in BEGIN ... ROLLBACK (three round trips on every
+    checkout, so that its prepared statement suits pgbouncer's transaction mode); a simple-protocol
+    query prepares nothing and needs no transaction. False (the connection is gone) makes the pool
+    invalidate its connections and connect afresh, as on any failed pre-ping.
+    """
+    try:
+        await_(dbapi_connection.driver_connection.execute("SELECT 1"))
+    except Exception:
+        return False
+    return True
 
 
 def make_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -175,6 +175,7 @@ class MessageLifecycle:
             message.id,
             user=ticket.user,
             cost=ticket.estimated_cost(self._settings),
+            job=ticket.placement().note(),
         )
 
     async def requeue(self, message_id: str) -> None:
@@ -207,16 +208,26 @@ class MessageLifecycle:
             logger.warning("fair-share correction of {} not applied: {}", message.id, exc)
 
     async def claim(
-        self, message_id: str, session_id: str, *, max_input_tokens: int | None = None
+        self,
+        message_id: str,
+        session_id: str,
+        *,
+        max_input_tokens: int | None = None,
+        max_new_tokens: int | None = None,
     ) -> Work | EmbedWork | None:
         """Atomically take a pending message for a worker session; None if someone else has it.
 
         One transaction: the conditional UPDATE returns the claimed row (RETURNING, on Postgres and
         SQLite alike), the conversation is read in the same transaction, then it commits. The
         conversation is cut to ``max_input_tokens`` (the worker's model's input budget) first.
+        ``max_new_tokens`` (the message's, as its ticket says) lets the UPDATE set the generation
+        deadline too; without it, or if the message asks for another number, a second UPDATE sets it.
         Raises :class:`UnsendableMessage` (the claim rolled back) for a message no frame can carry.
         """
         now = utcnow()
+        deadline: dict[str, datetime] = {}
+        if max_new_tokens is not None:
+            deadline["generation_deadline"] = self._generation_deadline(now, max_new_tokens)
         async with self._sessions() as session:
             claimed = (
                 await session.exec(
@@ -228,6 +239,7 @@ class MessageLifecycle:
                         lease_deadline=now + timedelta(seconds=self._settings.lease_seconds),
                         started_at=now,
                         attempts=DbMessage.attempts + 1,
+                        **deadline,
                     )
                     .returning(DbMessage)
                 )
@@ -248,15 +260,18 @@ class MessageLifecycle:
                 raise UnsendableMessage(
                     f"the conversation is {size} bytes, more than the worker frame limit of {MAX_FRAME_BYTES}"
                 )
-            max_new_tokens = work.sampling_parameters.max_new_tokens if isinstance(work, Work) else 0
-            bound = self._settings.in_progress_bound(max_new_tokens)
-            await session.exec(
-                update(DbMessage)
-                .where(DbMessage.id == message_id)
-                .values(generation_deadline=now + timedelta(seconds=bound))
-            )
+            asked = work.sampling_parameters.max_new_tokens if isinstance(work, Work) else 0
+            if asked != max_new_tokens:
+                await session.exec(
+                    update(DbMessage)
+                    .where(DbMessage.id == message_id)
+                    .values(generation_deadline=self._generation_deadline(now, asked))
+                )
             await session.commit()
             return work
+
+    def _generation_deadline(self, now: datetime, max_new_tokens: int) -> datetime:
+        return now + timedelta(seconds=self._settings.in_progress_bound(max_new_tokens))
 
     async def _work_frame(
         self, session: AsyncSession, message: DbMessage, max_input_tokens: int | None = None

@@ -137,7 +137,8 @@ class WorkerConnection:
         self.draining = False
         # What the dispatcher ranks this worker by; ``in_flight`` there counts assigned jobs too.
         self.capacity = WorkerCapacity(self.session_id, declared_slots=info.max_parallel_requests)
-        self._assigned: asyncio.Queue[str] = asyncio.Queue()
+        # Assigned jobs: (message id, its max_new_tokens if the dispatcher knew it).
+        self._assigned: asyncio.Queue[tuple[str, int | None]] = asyncio.Queue()
         self._claiming = 0
         self._dispatcher = dispatcher
         self._send_lock = asyncio.Lock()
@@ -160,12 +161,14 @@ class WorkerConnection:
     def free_slots(self) -> int:
         return self.capacity.free_slots
 
-    def assign(self, message_id: str) -> None:
-        """Reserve a slot for ``message_id`` (the dispatcher chose this worker); ``_dispatch`` sends it."""
+    def assign(self, message_id: str, max_new_tokens: int | None = None) -> None:
+        """Reserve a slot for ``message_id`` (the dispatcher chose this worker); ``_dispatch`` sends it.
+        ``max_new_tokens``, where the dispatcher knows it, lets the claim set the generation deadline in
+        its one UPDATE."""
         self.capacity.in_flight += 1
         if self.capacity.reported_free_slots is not None:
             self.capacity.reported_free_slots -= 1
-        self._assigned.put_nowait(message_id)
+        self._assigned.put_nowait((message_id, max_new_tokens))
 
     def _capacity_changed_quietly(self) -> None:
         self.capacity.available = self.backend_healthy and not self.draining
@@ -392,11 +395,14 @@ class WorkerConnection:
 
     async def _dispatch(self) -> None:
         while True:
-            message_id = await self._assigned.get()
+            message_id, max_new_tokens = await self._assigned.get()
             self._claiming += 1
             try:
                 work = await self._lifecycle.claim(
-                    message_id, self.session_id, max_input_tokens=self.info.model_config_.max_input_length
+                    message_id,
+                    self.session_id,
+                    max_input_tokens=self.info.model_config_.max_input_length,
+                    max_new_tokens=max_new_tokens,
                 )
             except UnsendableMessage as exc:
                 # The message itself is at fault: it fails alone; the worker never sees it.
@@ -679,7 +685,7 @@ class WorkerConnection:
             await self._dispatcher.detach(self)
         while not self._assigned.empty():  # assigned but never claimed: back to the queue
             with contextlib.suppress(Exception):
-                await self._lifecycle.requeue(self._assigned.get_nowait())
+                await self._lifecycle.requeue(self._assigned.get_nowait()[0])
         reason = close.reason if close else "connection ended"
         metrics.WORKERS_CONNECTED.labels(self.model_name).dec()
         for message_id in list(self.in_flight):

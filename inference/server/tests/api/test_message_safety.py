@@ -169,3 +169,21 @@ async def test_a_cancel_that_races_a_claim_still_stops_the_worker(client, app, u
     assert (await message(app, chat.assistant_id)).state == "cancelled"
     # The racer's pongs keep asking it to stop until it answers.
     assert await lifecycle.extend_leases("ws-racer", [chat.assistant_id]) == [chat.assistant_id]
+
+
+async def test_the_claim_sets_the_generation_deadline_from_the_hints_max_new_tokens(
+    client, app, user, live_model
+):
+    """Given the max_new_tokens the hint carried, the claim's one UPDATE sets the generation deadline;
+    a number that is not the message's (or none) is corrected before the claim commits."""
+    settings, lifecycle = app.state.settings, app.state.lifecycle
+    for told in ("right", "wrong", None):
+        chat = await start_chat(client, user, f"deadline {told}", live_model)
+        asked = (await message(app, chat.assistant_id)).sampling_parameters["max_new_tokens"]
+        guess = {"right": asked, "wrong": asked + 1000, None: None}[told]
+        work = await lifecycle.claim(chat.assistant_id, "ws-test", max_new_tokens=guess)
+        assert isinstance(work, Work) and work.sampling_parameters.max_new_tokens == asked
+        claimed = await message(app, chat.assistant_id)
+        assert claimed.generation_deadline is not None and claimed.started_at is not None
+        seconds = (claimed.generation_deadline - claimed.started_at).total_seconds()
+        assert seconds == pytest.approx(settings.in_progress_bound(asked)), told
