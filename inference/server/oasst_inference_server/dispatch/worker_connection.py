@@ -398,11 +398,12 @@ class WorkerConnection:
             message_id, max_new_tokens = await self._assigned.get()
             self._claiming += 1
             try:
-                work = await self._lifecycle.claim(
+                claimed = await self._lifecycle.claim(
                     message_id,
                     self.session_id,
                     max_input_tokens=self.info.model_config_.max_input_length,
                     max_new_tokens=max_new_tokens,
+                    protocol_version=self.protocol_version,
                 )
             except UnsendableMessage as exc:
                 # The message itself is at fault: it fails alone; the worker never sees it.
@@ -433,9 +434,10 @@ class WorkerConnection:
                 await asyncio.sleep(1.0)
                 continue
             self._claiming -= 1
-            if work is None:
+            if claimed is None:
                 self._capacity_changed()
                 continue  # stale hint: the message was taken, cancelled or finished meanwhile
+            work = claimed.work
             self.in_flight.add(message_id)
             self._capacity_changed()
             if isinstance(work, Work):
@@ -447,7 +449,7 @@ class WorkerConnection:
             metrics.IN_FLIGHT.labels(self.model_name).inc()
             logger.info("message {} -> worker {} (attempt {})", message_id, self.session_id, work.attempt)
             try:
-                await self._send(work)
+                await self._send_text(claimed.frame)
             except BaseException:
                 self._done(message_id)
                 with contextlib.suppress(Exception):
@@ -647,7 +649,11 @@ class WorkerConnection:
                 delay = min(delay * 2, _OUTAGE_MAX_DELAY)
 
     async def _send(self, frame: BaseModel) -> None:
-        text = dump_work(frame, self.protocol_version) if isinstance(frame, Work) else dump_frame(frame)
+        await self._send_text(
+            dump_work(frame, self.protocol_version) if isinstance(frame, Work) else dump_frame(frame)
+        )
+
+    async def _send_text(self, text: str) -> None:
         async with self._send_lock:
             await self.websocket.send_text(text)
 
