@@ -492,6 +492,14 @@ class StreamResult:
     message_id: str | None = None
     retries: int = 0
 
+    def count_token(self) -> None:
+        """A token arrived now."""
+        now = time.perf_counter()
+        if self.first_token is None:
+            self.first_token = now
+        self.last_token = now
+        self.tokens += 1
+
     @property
     def ttft(self) -> float | None:
         return None if self.first_token is None else self.first_token - self.started
@@ -595,11 +603,7 @@ class OurApi:
                 raise BenchHttpError(f"HTTP {response.status_code} on events: {response.text[:200]}")
             async for _, data in _sse_events(response):
                 if data.startswith('{"event_type":"token"'):
-                    now = time.perf_counter()
-                    if result.first_token is None:
-                        result.first_token = now
-                    result.last_token = now
-                    result.tokens += 1
+                    result.count_token()
                     parts.append(json.loads(data)["text"])
                     continue
                 event = json.loads(data)
@@ -640,11 +644,7 @@ async def stream_tgi(
                 event = json.loads(data)
                 if "error" in event:
                     raise BenchHttpError(str(event["error"]))
-                now = time.perf_counter()
-                if result.first_token is None:
-                    result.first_token = now
-                result.last_token = now
-                result.tokens += 1
+                result.count_token()
                 token = event.get("token") or {}
                 if not token.get("special"):
                     parts.append(token.get("text", ""))
@@ -690,11 +690,7 @@ async def stream_openai(
                 for choice in event.get("choices") or []:
                     content = (choice.get("delta") or {}).get("content")
                     if content:
-                        now = time.perf_counter()
-                        if result.first_token is None:
-                            result.first_token = now
-                        result.last_token = now
-                        result.tokens += 1
+                        result.count_token()
                         parts.append(content)
         if not result.ok:
             result.error = "the stream ended without [DONE]"

@@ -58,11 +58,7 @@ async def direct_stream(backend_url: str, prompt: str, max_new_tokens: int) -> S
     result = StreamResult(started=time.perf_counter())
     try:
         async for response in client.generate_stream(prompt, do_sample=False, max_new_tokens=max_new_tokens):
-            now = time.perf_counter()
-            if result.first_token is None:
-                result.first_token = now
-            result.last_token = now
-            result.tokens += 1
+            result.count_token()
             if not response.token.special:
                 result.text += response.token.text
             if response.details is not None:

@@ -67,6 +67,8 @@ CLOSE_KEY_FORBIDS = 4003
 # websockets ``max_size`` of both ends). A frame that would be larger is never sent: the server fails
 # the message it belongs to, the worker reports an error for its message instead.
 MAX_FRAME_BYTES = 1 << 20
+# The most text an error frame carries; workers cut longer errors to it.
+MAX_ERROR_CHARS = 4000
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled"]
 BackendKind = Literal["tgi", "openai", "cpu", "embedding", "fake"]
@@ -313,7 +315,8 @@ class WorkerError(_Frame):
         None, description="The failed job, or null for a problem of the worker itself (logged by the server)."
     )
     error: SafeText = Field(
-        max_length=4000, description="What went wrong, for the operator and, when final, the user."
+        max_length=MAX_ERROR_CHARS,
+        description="What went wrong, for the operator and, when final, the user.",
     )
     retryable: bool = Field(
         False,

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from oasst_shared.model_configs import ModelConfig
 from tests.e2e.chat_api import ChatApi, tokens_text
-from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
-from tests.support.processes import wait_for_model
-from tests.support.stacks import Stack, start_stack
+from tests.support.llama_server import ALIAS, LlamaServer, OpenAiWorker, stack_on_llama_server
+from tests.support.stacks import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -31,48 +29,17 @@ class Deployment:
     chat_model: str
 
 
-def model_config(name: str) -> str:
-    # OpenAI-compatible servers do not expose their chat template: the worker renders ChatML itself,
-    # which is SmolLM2's own format.
-    return ModelConfig(
-        name=name,
-        model_id=ALIAS,
-        chat_template_source="chatml",
-        eos_token="<|im_end|>",
-        stop_sequences=["<|im_end|>"],
-        max_input_length=1536,
-        max_total_length=2048,
-    ).model_dump_json()
-
-
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    log_dir = tmp_path_factory.mktemp("openai-backend-e2e")
-    llama = start_llama_server(log_dir)
-    stack: Stack | None = None
-    try:
-        stack = start_stack(log_dir, llama.url, f"sqlite+aiosqlite:///{log_dir}/oasst.db", None, workers=0)
-        suffix = uuid.uuid4().hex[:6]
-        completions_model, chat_model = f"smollm2-openai-{suffix}", f"smollm2-openai-chat-{suffix}"
-        stack.start_worker(
-            backend_url=f"{llama.url}/v1",
-            OASST_WORKER_BACKEND_KIND="openai",
-            OASST_WORKER_BACKEND_MODEL=ALIAS,
-            OASST_WORKER_MODEL_CONFIG_JSON=model_config(completions_model),
-        )
-        stack.start_worker(
-            backend_url=llama.url,
-            OASST_WORKER_BACKEND_KIND="openai",
-            OASST_WORKER_OPENAI_MODE="chat",
-            OASST_WORKER_MODEL_CONFIG_JSON=model_config(chat_model),
-        )
-        wait_for_model(stack.url, completions_model)
-        wait_for_model(stack.url, chat_model)
+    suffix = uuid.uuid4().hex[:6]
+    completions_model, chat_model = f"smollm2-openai-{suffix}", f"smollm2-openai-chat-{suffix}"
+    workers = [
+        OpenAiWorker(completions_model, env={"OASST_WORKER_BACKEND_MODEL": ALIAS}),
+        # Configured the other way: the server's root URL (no /v1), the model named by the config's model_id.
+        OpenAiWorker(chat_model, path="", env={"OASST_WORKER_OPENAI_MODE": "chat"}),
+    ]
+    with stack_on_llama_server(tmp_path_factory.mktemp("openai-backend-e2e"), workers) as (stack, llama):
         yield Deployment(stack, llama, completions_model, chat_model)
-    finally:
-        if stack is not None:
-            stack.stop()
-        llama.process.stop()
 
 
 @pytest.fixture

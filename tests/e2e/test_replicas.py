@@ -16,9 +16,9 @@ import pytest
 
 from tests.e2e.chat_api import ChatApi, tokens_text
 from tests.support.clients import closing
-from tests.support.processes import ManagedProcess, free_port, start_process, wait_for_model, wait_http_ok
-from tests.support.services import REDIS_URL, fresh_database, fresh_redis_prefix
-from tests.support.stacks import MODEL_NAME, BackendProcess, server_env
+from tests.support.processes import start_process, wait_for_model
+from tests.support.services import fresh_database, fresh_redis_prefix
+from tests.support.stacks import MODEL_NAME, BackendProcess, start_replicas
 
 pytestmark = [pytest.mark.slow, pytest.mark.postgres, pytest.mark.redis]
 
@@ -40,26 +40,17 @@ def shared_prefix() -> Iterator[str]:
 
 @pytest.fixture
 def replicas(shared_database, shared_prefix, tmp_path) -> Iterator[list[str]]:
-    processes: list[ManagedProcess] = []
-    urls = []
+    started = start_replicas(
+        tmp_path,
+        shared_database,
+        shared_prefix,
+        ("replica0", "replica1"),
+        OASST_SERVER_ADMIN_ROOT_TOKEN=ADMIN_TOKEN,
+    )
     try:
-        for index in range(2):
-            port = free_port()
-            env = server_env(
-                port,
-                shared_database,
-                REDIS_URL,
-                OASST_SERVER_REDIS_KEY_PREFIX=shared_prefix,
-                OASST_SERVER_ADMIN_ROOT_TOKEN=ADMIN_TOKEN,
-                OASST_SERVER_API_ROOT=f"http://127.0.0.1:{port}",
-            )
-            processes.append(start_process(f"replica{index}", "oasst_inference_server", env, tmp_path))
-            urls.append(f"http://127.0.0.1:{port}")
-        for url, process in zip(urls, processes, strict=True):
-            wait_http_ok(f"{url}/health", process, timeout=90)
-        yield urls
+        yield [url for url, _ in started]
     finally:
-        for process in processes:
+        for _, process in started:
             process.stop()
 
 

@@ -5,10 +5,14 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 import httpx
 import pytest
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oasst_shared.model_configs import SMOLLM2_135M
@@ -39,10 +43,49 @@ def headers(key: str = WORKER_API_KEY, version: int | str = PROTOCOL_VERSION) ->
     return {"X-API-Key": key, "X-Protocol-Version": str(version)}
 
 
-def hello() -> str:
+def own_model_info() -> WorkerInfo:
     # A model of its own, so this fake worker is never handed a real chat's work.
     config = SMOLLM2_135M.model_copy(update={"name": f"fake-{uuid.uuid4().hex[:6]}"})
-    return dump_frame(WorkerInfo(model_config=config, max_parallel_requests=1, backend_kind="fake"))
+    return WorkerInfo(model_config=config, max_parallel_requests=1, backend_kind="fake")
+
+
+def hello() -> str:
+    return dump_frame(own_model_info())
+
+
+@dataclass
+class HeldWork:
+    """A fake worker's socket, holding the work of one answer that a new user asked for."""
+
+    ws: ClientConnection
+    info: WorkerInfo
+    api: ChatApi
+    chat_id: str
+    message_id: str
+    work: dict[str, Any]  # the work frame
+
+
+@asynccontextmanager
+async def worker_holding_work(
+    stack, prompt: str, max_new_tokens: int, version: int = PROTOCOL_VERSION
+) -> AsyncIterator[HeldWork]:
+    """A worker socket serving a model of its own; a new user asks it for an answer, and this waits
+    until the socket receives that work."""
+    info = own_model_info()
+    async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers(version=version)) as ws:
+        await ws.send(dump_frame(info))
+        await asyncio.to_thread(wait_for_model, stack.url, info.model_config_.name)
+        api = ChatApi(stack.url, f"user-{uuid.uuid4().hex[:8]}")
+        chat_id = api.create_chat()
+        prompter = api.prompter(chat_id, prompt)
+        prompter.raise_for_status()
+        answer = api.assistant(
+            chat_id, prompter.json()["id"], info.model_config_.name, max_new_tokens=max_new_tokens
+        )
+        answer.raise_for_status()
+        while (frame := json.loads(await asyncio.wait_for(ws.recv(), 10)))["type"] != "work":
+            pass  # pings
+        yield HeldWork(ws, info, api, chat_id, answer.json()["id"], frame)
 
 
 async def test_wrong_api_key_is_refused(stack):
@@ -94,21 +137,9 @@ async def test_a_malformed_frame_closes_only_that_connection(stack):
 @pytest.mark.parametrize("version", [1, PROTOCOL_VERSION])
 async def test_token_frames_and_token_batches_reach_readers_alike(stack, version):
     """A protocol-1 worker sends a frame per token; a protocol-2 worker may batch them."""
-    config = SMOLLM2_135M.model_copy(update={"name": f"fake-{uuid.uuid4().hex[:6]}"})
-    info = WorkerInfo(model_config=config, max_parallel_requests=1, backend_kind="fake")
-    async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers(version=version)) as ws:
-        await ws.send(dump_frame(info))
-        await asyncio.to_thread(wait_for_model, stack.url, config.name)
-        api = ChatApi(stack.url, f"user-{uuid.uuid4().hex[:8]}")
-        chat_id = api.create_chat()
-        prompter = api.prompter(chat_id, "Spell it")
-        prompter.raise_for_status()
-        answer = api.assistant(chat_id, prompter.json()["id"], config.name, max_new_tokens=8)
-        answer.raise_for_status()
-        message_id = answer.json()["id"]
-        while (frame := json.loads(await asyncio.wait_for(ws.recv(), 10)))["type"] != "work":
-            pass  # pings
-        assert frame["message_id"] == message_id
+    async with worker_holding_work(stack, "Spell it", 8, version) as held:
+        ws, api, chat_id, message_id = held.ws, held.api, held.chat_id, held.message_id
+        assert held.work["message_id"] == message_id
         pieces = ["Hel", "lo", ",", " wor", "ld"]
         tokens = [Token(message_id=message_id, text=p) for p in pieces]
         if version == 1:
@@ -174,20 +205,8 @@ async def test_a_worker_socket_fuzzer_leaves_the_server_and_other_workers_untouc
     """A hostile worker sends every kind of bad frame, each on a fresh socket; meanwhile another
     worker streams an answer to a reader. The server stays healthy, and the answer arrives whole,
     in one attempt, with no retry."""
-    config = SMOLLM2_135M.model_copy(update={"name": f"fake-{uuid.uuid4().hex[:6]}"})
-    info = WorkerInfo(model_config=config, max_parallel_requests=1, backend_kind="fake")
-    async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers()) as victim:
-        await victim.send(dump_frame(info))
-        await asyncio.to_thread(wait_for_model, stack.url, config.name)
-        api = ChatApi(stack.url, f"user-{uuid.uuid4().hex[:8]}")
-        chat_id = api.create_chat()
-        prompter = api.prompter(chat_id, "Count")
-        prompter.raise_for_status()
-        answer = api.assistant(chat_id, prompter.json()["id"], config.name, max_new_tokens=64)
-        answer.raise_for_status()
-        message_id = answer.json()["id"]
-        while json.loads(await asyncio.wait_for(victim.recv(), 10))["type"] != "work":
-            pass
+    async with worker_holding_work(stack, "Count", 64) as held:
+        victim, info, api, chat_id, message_id = held.ws, held.info, held.api, held.chat_id, held.message_id
         reader = asyncio.create_task(asyncio.to_thread(api.events, chat_id, message_id))
         pieces = []
         closes: dict[str, int | None] = {}

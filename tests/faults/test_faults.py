@@ -22,9 +22,8 @@ from oasst_shared.protocol import PROTOCOL_VERSION, Drain, WorkerInfo, dump_fram
 from tests.e2e.chat_api import ChatApi, tokens_text
 from tests.support.fake_workers import fake_model, start_fake_worker
 from tests.support.fault_flows import final_of, new_api, queue, start_redis, wait_state
-from tests.support.processes import free_port, start_process, wait_for_model, wait_http_ok
-from tests.support.services import REDIS_URL
-from tests.support.stacks import WORKER_API_KEY
+from tests.support.processes import free_port, start_process, wait_for_model
+from tests.support.stacks import WORKER_API_KEY, start_replicas
 
 pytestmark = pytest.mark.slow
 
@@ -102,7 +101,6 @@ async def test_redis_flush_or_restart_loses_no_pending_message(
     fault, cpu_backend, postgres_url, tmp_path, fake_backend
 ):
     from tests.support.fake_workers import FAST_TIMINGS
-    from tests.support.processes import free_port
     from tests.support.stacks import start_stack
 
     # A Redis of our own, so flushing and restarting it touches nothing else.
@@ -290,17 +288,9 @@ def test_queue_position_follows_the_database(fault_stack):
 @pytest.mark.parametrize("how", ["kill", "sigterm"])
 def test_a_lost_replica_s_reader_resumes_on_another(how, cpu_backend, postgres_url, redis_prefix, tmp_path):
     from tests.support.fake_workers import FAST_TIMINGS
-    from tests.support.stacks import server_env
 
     prefix = f"{redis_prefix}replicas:{uuid.uuid4().hex[:6]}:"
-    replicas = []
-    for name in ("replica-a", "replica-b"):
-        port = free_port()
-        env = server_env(port, postgres_url, REDIS_URL, OASST_SERVER_REDIS_KEY_PREFIX=prefix, **FAST_TIMINGS)
-        process = start_process(name, "oasst_inference_server", env, tmp_path)
-        wait_http_ok(f"http://127.0.0.1:{port}/health", process)
-        replicas.append((f"http://127.0.0.1:{port}", process))
-    (url_a, server_a), (url_b, server_b) = replicas
+    (url_a, server_a), (url_b, server_b) = start_replicas(tmp_path, postgres_url, prefix, **FAST_TIMINGS)
     worker = start_process(
         "worker",
         "oasst_worker",
@@ -341,7 +331,6 @@ def test_a_lost_replica_s_reader_resumes_on_another(how, cpu_backend, postgres_u
 
 def test_a_worker_whose_backend_is_down_takes_no_work_until_it_is_back(fault_stack, tmp_path):
     from tests.support.fake_workers import FakeBackend, start_fake_backend
-    from tests.support.processes import free_port
 
     port = free_port()
 

@@ -31,9 +31,9 @@ from tests.support.fake_workers import (
     start_fake_worker,
 )
 from tests.support.fault_flows import final_of, new_api, queue, wait_state
-from tests.support.processes import ManagedProcess, free_port, start_process, wait_for_model, wait_http_ok
+from tests.support.processes import ManagedProcess, free_port, wait_for_model
 from tests.support.services import REDIS_URL, fresh_database
-from tests.support.stacks import WORKER_API_KEY, Stack, server_env, start_stack
+from tests.support.stacks import WORKER_API_KEY, Stack, start_replicas, start_stack
 
 pytestmark = pytest.mark.slow
 
@@ -326,14 +326,7 @@ def test_when_the_replica_holding_the_socket_dies_the_lease_expires_and_another_
 
 
 def _lease_scenario(database_url: str, prefix: str, tmp_path: Path, fake_backend: FakeBackend) -> None:
-    replicas = []
-    for name in ("replica-a", "replica-b"):
-        port = free_port()
-        env = server_env(port, database_url, REDIS_URL, OASST_SERVER_REDIS_KEY_PREFIX=prefix, **FAST_TIMINGS)
-        process = start_process(name, "oasst_inference_server", env, tmp_path)
-        wait_http_ok(f"http://127.0.0.1:{port}/health", process)
-        replicas.append((f"http://127.0.0.1:{port}", process))
-    (url_a, server_a), (url_b, server_b) = replicas
+    (url_a, server_a), (url_b, server_b) = start_replicas(tmp_path, database_url, prefix, **FAST_TIMINGS)
     stack_a = _stack(url_a, server_a, tmp_path, fake_backend)
     stack_b = _stack(url_b, server_b, tmp_path, fake_backend)
     model = fake_model()

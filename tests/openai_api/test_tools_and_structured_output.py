@@ -20,11 +20,9 @@ import jsonschema
 import openai
 import pytest
 
-from oasst_shared.model_configs import ModelConfig
 from tests.openai_api.conftest import ApiUser, new_user
-from tests.support.llama_server import ALIAS, LlamaServer, start_llama_server
-from tests.support.processes import wait_for_model
-from tests.support.stacks import Stack, start_stack
+from tests.support.llama_server import ALIAS, OpenAiWorker, stack_on_llama_server
+from tests.support.stacks import Stack
 
 pytestmark = pytest.mark.slow
 
@@ -89,18 +87,6 @@ class Deployment:
         return self.user.client()
 
 
-def _llama_model_config(name: str) -> str:
-    return ModelConfig(
-        name=name,
-        model_id=ALIAS,
-        chat_template_source="chatml",
-        eos_token="<|im_end|>",
-        stop_sequences=["<|im_end|>"],
-        max_input_length=1536,
-        max_total_length=2048,
-    ).model_dump_json()
-
-
 @pytest.fixture(scope="module")
 def bundled(embedded_stack: Stack) -> Iterator[Deployment]:
     user = new_user(embedded_stack)
@@ -111,29 +97,21 @@ def bundled(embedded_stack: Stack) -> Iterator[Deployment]:
 @pytest.fixture(scope="module")
 def llama_openai(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
     """A stack whose only worker relays, in chat mode, to llama-cpp-python's OpenAI server."""
+    model = f"smollm2-llama-openai-{uuid.uuid4().hex[:6]}"
+    worker = OpenAiWorker(
+        model,
+        env={
+            "OASST_WORKER_OPENAI_MODE": "chat",
+            "OASST_WORKER_OPENAI_RESPONSE_FORMAT": "llama-cpp-python",
+            "OASST_WORKER_BACKEND_MODEL": ALIAS,
+        },
+    )
     log_dir = tmp_path_factory.mktemp("openai-features-llama")
     # By default llama-cpp-python's server interrupts a running request when another arrives.
-    llama: LlamaServer = start_llama_server(log_dir, INTERRUPT_REQUESTS="false")
-    stack: Stack | None = None
-    try:
-        stack = start_stack(log_dir, llama.url, f"sqlite+aiosqlite:///{log_dir}/oasst.db", None, workers=0)
-        model = f"smollm2-llama-openai-{uuid.uuid4().hex[:6]}"
-        stack.start_worker(
-            backend_url=f"{llama.url}/v1",
-            OASST_WORKER_BACKEND_KIND="openai",
-            OASST_WORKER_OPENAI_MODE="chat",
-            OASST_WORKER_OPENAI_RESPONSE_FORMAT="llama-cpp-python",
-            OASST_WORKER_BACKEND_MODEL=ALIAS,
-            OASST_WORKER_MODEL_CONFIG_JSON=_llama_model_config(model),
-        )
-        wait_for_model(stack.url, model)
+    with stack_on_llama_server(log_dir, [worker], INTERRUPT_REQUESTS="false") as (stack, _):
         user = new_user(stack)
         yield Deployment("openai", stack, model, user)
         user.http.close()
-    finally:
-        if stack is not None:
-            stack.stop()
-        llama.process.stop()
 
 
 @pytest.fixture(params=["bundled", "llama_openai"])

@@ -1,7 +1,8 @@
-"""Whole stacks of real processes: the bundled CPU backend, a server, its workers."""
+"""Whole stacks of real processes: the bundled CPU backend, a server, its workers; server replicas."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -13,6 +14,7 @@ from tests.support.processes import (
     wait_http_ok,
     wait_started,
 )
+from tests.support.services import REDIS_URL
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 WORKER_API_KEY = "test-worker-key"
@@ -115,3 +117,36 @@ def start_stack(
         stack.stop()
         raise
     return stack
+
+
+def start_replicas(
+    log_dir: Path,
+    database_url: str,
+    redis_prefix: str,
+    names: Sequence[str] = ("replica-a", "replica-b"),
+    **extra: str,
+) -> list[tuple[str, ManagedProcess]]:
+    """(URL, process) of server replicas sharing one database and one Redis key prefix (``extra`` is more
+    server settings), started together, so their start-up migrations take turns, and each answering.
+    No worker. If one does not start, all are stopped."""
+    replicas: list[tuple[str, ManagedProcess]] = []
+    try:
+        for name in names:
+            port = free_port()
+            url = f"http://127.0.0.1:{port}"
+            env = server_env(
+                port,
+                database_url,
+                REDIS_URL,
+                OASST_SERVER_REDIS_KEY_PREFIX=redis_prefix,
+                OASST_SERVER_API_ROOT=url,
+                **extra,
+            )
+            replicas.append((url, start_process(name, "oasst_inference_server", env, log_dir)))
+        for url, process in replicas:
+            wait_http_ok(f"{url}/health", process, timeout=90)
+    except BaseException:
+        for _, process in replicas:
+            process.stop()
+        raise
+    return replicas

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from playwright.sync_api import BrowserContext, Locator, Page, Request, expect
+from playwright.sync_api import BrowserContext, Locator, Page, Request, Response, expect
 
 from tests.support.clients import closing
 
@@ -45,14 +45,16 @@ class PageWatch:
     belongs to its request and is allowed with it.
 
     One thing is not a failure: a request the browser abandons because its page is being replaced
-    (a reload, a link followed) ends as ``net::ERR_ABORTED``. Such a request was started before the
-    page's newest navigation began, which is how it is told apart; so does one still in flight when the
-    test closes the page."""
+    (a reload, a link followed) ends as ``net::ERR_ABORTED``. Such a request belongs to a document
+    older than the page's newest navigation, which is how it is told apart: it was started before that
+    navigation began, or while it was on its way (the outgoing document runs until the new one
+    arrives). So does a request still in flight when the test closes the page."""
 
     problems: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, url, text)
     allowed: list[tuple[str, str]] = field(default_factory=list)  # (kind, url substring)
     _navigations: dict[Page, int] = field(default_factory=dict)
     _started_in: dict[Request, int] = field(default_factory=dict)
+    _arriving: dict[Page, Request | None] = field(default_factory=dict)  # a navigation on its way
     closing: bool = False  # the test closes the page: what it still had in flight is abandoned
 
     def attach(self, page: Page) -> None:
@@ -61,17 +63,26 @@ class PageWatch:
         page.on("pageerror", lambda e: self.problems.append(("pageerror", page.url, str(e))))
         page.on("request", lambda r: self._request(page, r))
         page.on("requestfailed", lambda r: self._failed(page, r))
-        page.on(
-            "response",
-            lambda r: r.status >= 400 and self.problems.append((f"status {r.status}", r.url, r.status_text)),
-        )
+        page.on("response", lambda r: self._response(page, r))
 
     def _request(self, page: Page, request: Request) -> None:
         if request.is_navigation_request() and request.frame == page.main_frame:
             self._navigations[page] += 1
-        self._started_in[request] = self._navigations[page]
+            self._arriving[page] = request
+            self._started_in[request] = self._navigations[page]
+        else:
+            # While a navigation is on its way, requests still come from the outgoing document.
+            self._started_in[request] = self._navigations[page] - (1 if self._arriving.get(page) else 0)
+
+    def _response(self, page: Page, response: Response) -> None:
+        if response.request == self._arriving.get(page):
+            self._arriving[page] = None
+        if response.status >= 400:
+            self.problems.append((f"status {response.status}", response.url, response.status_text))
 
     def _failed(self, page: Page, request: Request) -> None:
+        if request == self._arriving.get(page):
+            self._arriving[page] = None
         abandoned = request.failure == "net::ERR_ABORTED" and (
             self.closing or self._started_in.get(request, 0) < self._navigations[page]
         )

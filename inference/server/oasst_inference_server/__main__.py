@@ -28,12 +28,14 @@ def main() -> None:
     except ValidationError as exc:
         # Production is the default: a server started with no settings says which secret to set.
         print("oasst-server: refusing to start:", file=sys.stderr)
-        for error in exc.errors():
-            print(f"  - {str(error['msg']).removeprefix('Value error, ')}", file=sys.stderr)
-        print(
-            "  (for a local development server set OASST_SERVER_ENVIRONMENT=development; see docs/security.md)",
-            file=sys.stderr,
-        )
+        messages = [str(error["msg"]).removeprefix("Value error, ") for error in exc.errors()]
+        for message in messages:
+            print(f"  - {message}", file=sys.stderr)
+        if any(message.startswith("production mode") for message in messages):
+            print(
+                "  (for a local development server set OASST_SERVER_ENVIRONMENT=development; see docs/security.md)",
+                file=sys.stderr,
+            )
         sys.exit(2)
     run(settings)
 

@@ -28,6 +28,7 @@ from oasst_inference_server.api.routes import (
     web,
     workers,
 )
+from oasst_inference_server.auth.user_cache import UserCache
 from oasst_inference_server.broker import create_broker
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
@@ -64,6 +65,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.session_factory = session_factory
         app.state.broker = broker
+        app.state.user_cache = UserCache(settings.user_cache_seconds, settings.user_cache_size)
         app.state.registry = WorkerRegistry(broker)
         app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
         app.state.dispatchers = Dispatchers(

@@ -70,6 +70,18 @@ class Settings(BaseSettings):
         default=60, ge=1, description="Lifetime of an access token (short-lived: clients refresh them)."
     )
     refresh_token_expire_days: int = Field(default=30, ge=1, description="Lifetime of a refresh token.")
+    user_cache_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        le=60,
+        description="How long a server process trusts the user state (deleted, token generation, tier) "
+        "it read for an access token before reading it again; a change made through another process "
+        "or replica (deleting a user, revoking their tokens) reaches this one within it. 0: read it on "
+        "every request",
+    )
+    user_cache_size: int = Field(
+        default=10_000, ge=1, le=1_000_000, description="Most users whose state one server process keeps."
+    )
     allow_debug_auth: bool | None = Field(
         default=None,
         description="Password-less debug login (the text-client and the web page use it in development); "
@@ -393,9 +405,25 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _several_processes_share_redis_and_postgres(self) -> Settings:
-        # The in-process broker lives in one process, and SQLite takes one writer.
-        if self.processes > 1 and (not (self.broker_url or "").startswith("redis") or self.is_sqlite):
-            raise ValueError("OASST_SERVER_PROCESSES > 1 needs the Redis broker and Postgres")
+        # The in-process broker lives in one process (the others would never see its queues, streams
+        # and locks), and SQLite takes one writer at a time.
+        if self.processes == 1:
+            return self
+        needs = []
+        if not (self.broker_url or "").startswith("redis"):
+            needs.append(
+                "the in-process broker cannot be shared between processes: set OASST_SERVER_BROKER_URL "
+                "to a Redis URL (redis://HOST:6379/0)"
+            )
+        if self.is_sqlite:
+            needs.append(
+                "SQLite takes one writer at a time: set OASST_SERVER_DATABASE_URL to a Postgres URL "
+                "(postgresql://USER:PASSWORD@HOST:5432/DB)"
+            )
+        if needs:
+            raise ValueError(
+                f"OASST_SERVER_PROCESSES={self.processes}: " + "; ".join(needs) + " (or run one process)"
+            )
         return self
 
     def in_progress_bound(self, max_new_tokens: int) -> float:

@@ -71,7 +71,33 @@ def test_production_is_the_default_and_development_must_be_asked_for(monkeypatch
 def test_several_server_processes_need_redis_and_postgres():
     base = {"database_url": "postgresql+asyncpg://u@h/db", "broker_url": "redis://h:6379/0"}
     assert Settings(_env_file=None, processes=4, **base).processes == 4  # type: ignore[call-arg]
-    with pytest.raises(ValueError, match="OASST_SERVER_PROCESSES"):
+    with pytest.raises(ValueError, match="OASST_SERVER_PROCESSES=2: the in-process broker") as no_redis:
         Settings(_env_file=None, processes=2, **{**base, "broker_url": None})  # type: ignore[call-arg]
-    with pytest.raises(ValueError, match="OASST_SERVER_PROCESSES"):
+    assert "OASST_SERVER_BROKER_URL" in str(no_redis.value) and "DATABASE_URL" not in str(no_redis.value)
+    with pytest.raises(ValueError, match="OASST_SERVER_PROCESSES=2: SQLite") as on_sqlite:
         Settings(_env_file=None, processes=2, **{**base, "database_url": "sqlite+aiosqlite:///x.db"})  # type: ignore[call-arg]
+    assert "OASST_SERVER_DATABASE_URL" in str(on_sqlite.value) and "BROKER_URL" not in str(on_sqlite.value)
+
+
+def test_the_server_refuses_several_processes_on_the_embedded_defaults(tmp_path):
+    """``make up``'s defaults (SQLite, the in-process broker) with two processes: the server exits before
+    listening, naming the setting and what to use instead, with no traceback."""
+    started = subprocess.run(
+        [sys.executable, "-m", "oasst_inference_server"],
+        env={
+            **{k: v for k, v in os.environ.items() if not k.startswith("OASST_")},
+            "OASST_SERVER_ENVIRONMENT": "development",
+            "OASST_SERVER_PROCESSES": "2",
+        },
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert started.returncode == 2, started.stderr
+    assert "OASST_SERVER_PROCESSES=2" in started.stderr
+    assert "in-process broker cannot be shared" in started.stderr and "redis://" in started.stderr
+    assert "OASST_SERVER_BROKER_URL" in started.stderr and "OASST_SERVER_DATABASE_URL" in started.stderr
+    assert "Traceback" not in started.stderr and "Uvicorn running" not in started.stderr
+    assert "OASST_SERVER_ENVIRONMENT=development" not in started.stderr  # not a production refusal
+    assert not (tmp_path / ".data").exists()  # nothing created

@@ -50,6 +50,19 @@ def unique_user() -> str:
     return f"cli-test-{uuid.uuid4().hex[:8]}"
 
 
+def start_repl(url: str, user: str, max_new_tokens: int, env: dict[str, str]) -> pexpect.spawn:
+    """The REPL on a pseudo-terminal wide enough that no line wraps."""
+    child = pexpect.spawn(
+        OASST_CHAT,
+        ["--server-url", url, "--username", user, "--max-new-tokens", str(max_new_tokens)],
+        env=env,
+        encoding="utf-8",
+        timeout=60,
+    )
+    child.setwinsize(50, 200)
+    return child
+
+
 def test_pipe_mode_answers_each_line_in_one_chat(embedded_stack: Any, client_env: dict[str, str]) -> None:
     user = unique_user()
     result = subprocess.run(
@@ -104,14 +117,7 @@ def read_answer(child: pexpect.spawn, timeout: float = 240) -> list[str]:
 
 def test_repl_streams_an_answer_on_a_terminal(embedded_stack: Any, client_env: dict[str, str]) -> None:
     user = unique_user()
-    child = pexpect.spawn(
-        OASST_CHAT,
-        ["--server-url", embedded_stack.url, "--username", user, "--max-new-tokens", "64"],
-        env=client_env,
-        encoding="utf-8",
-        timeout=60,
-    )
-    child.setwinsize(50, 200)
+    child = start_repl(embedded_stack.url, user, 64, client_env)
     child.expect(f"model {embedded_stack.model_name}")
     child.expect(PROMPT)
     send_turn(child, "Name three colors.")
@@ -138,14 +144,7 @@ def test_repl_ctrl_c_cancels_on_the_server(embedded_stack: Any, client_env: dict
     user = unique_user()
     # Enough tokens that the answer cannot finish between its first token and the Ctrl-C, even on a
     # busy machine (a REPL that loses that race says so, "[interrupted; the answer had already finished]").
-    child = pexpect.spawn(
-        OASST_CHAT,
-        ["--server-url", embedded_stack.url, "--username", user, "--max-new-tokens", "1500"],
-        env=client_env,
-        encoding="utf-8",
-        timeout=60,
-    )
-    child.setwinsize(50, 200)
+    child = start_repl(embedded_stack.url, user, 1500, client_env)
     child.expect(PROMPT)
     child.sendline("Write a very long story about a dragon who learns to bake bread, in ten chapters.")
     # The first token: straight after the input line, or after the queue status line is cleared.

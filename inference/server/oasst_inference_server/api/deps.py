@@ -26,6 +26,7 @@ from oasst_inference_server.auth.api_key_store import authenticate_api_key, is_a
 from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.auth.signed_tokens import verify_token
 from oasst_inference_server.auth.trusted_client import TRUSTED_CLIENT_HEADER, trusted_client_user
+from oasst_inference_server.auth.user_cache import UserCache
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.db.models import DbUser
 from oasst_inference_server.dispatch.compliance import ComplianceChecker
@@ -64,6 +65,7 @@ ComplianceDep = Annotated[ComplianceRecorder, Depends(_from_app_state("complianc
 SpotChecksDep = Annotated[ComplianceChecker, Depends(_from_app_state("compliance_checker"))]
 SubmissionDep = Annotated[SubmissionService, Depends(_from_app_state("submission"))]
 OpenAIServiceDep = Annotated[OpenAIService, Depends(_from_app_state("openai_service"))]
+UserCacheDep = Annotated[UserCache, Depends(_from_app_state("user_cache"))]
 # For work that outlives a request's session (a websocket's whole life, a report over many queries).
 SessionFactoryDep = Annotated[async_sessionmaker[AsyncSession], Depends(_from_app_state("session_factory"))]
 SessionDep = Annotated[AsyncSession, Depends(get_db)]
@@ -72,9 +74,11 @@ _bearer = HTTPBearer(auto_error=False)
 _trusted_client = APIKeyHeader(name=TRUSTED_CLIENT_HEADER, auto_error=False, scheme_name="TrustedClient")
 
 
-async def _user_of_access_token(settings: Settings, session: AsyncSession, token: str) -> DbUser:
+async def _user_of_access_token(
+    settings: Settings, session: AsyncSession, users: UserCache, token: str
+) -> DbUser:
     user_id, generation = verify_token(settings, token, "access")
-    user = await session.get(DbUser, user_id)
+    user = await users.get(session, user_id)
     if user is None or user.deleted:
         raise NotAuthenticated("invalid_token", "unknown user", bearer=True)
     if generation != user.token_generation:
@@ -93,6 +97,7 @@ async def _user_of_api_key(session: AsyncSession, key: str) -> tuple[DbUser, str
 async def get_signed_in_user(
     settings: SettingsDep,
     session: SessionDep,
+    users: UserCacheDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     trusted_client: Annotated[str | None, Depends(_trusted_client)],
 ) -> DbUser:
@@ -102,12 +107,13 @@ async def get_signed_in_user(
         return await trusted_client_user(session, settings, trusted_client)
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise NotAuthenticated("not_authenticated", "not authenticated", bearer=True)
-    return await _user_of_access_token(settings, session, credentials.credentials)
+    return await _user_of_access_token(settings, session, users, credentials.credentials)
 
 
 async def get_current_user(
     settings: SettingsDep,
     session: SessionDep,
+    users: UserCacheDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     trusted_client: Annotated[str | None, Depends(_trusted_client)],
 ) -> DbUser:
@@ -115,7 +121,7 @@ async def get_current_user(
     without a browser, such as the text-client, chat with a key."""
     if trusted_client is None and credentials is not None and is_api_key(credentials.credentials):
         return (await _user_of_api_key(session, credentials.credentials))[0]
-    return await get_signed_in_user(settings, session, credentials, trusted_client)
+    return await get_signed_in_user(settings, session, users, credentials, trusted_client)
 
 
 SignedInUser = Annotated[DbUser, Depends(get_signed_in_user)]
@@ -138,6 +144,7 @@ SchedulingDep = Annotated[SchedulingRequest, Depends(get_scheduling_request)]
 async def get_caller(
     settings: SettingsDep,
     session: SessionDep,
+    users: UserCacheDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
     scheduling: SchedulingDep,
 ) -> Caller:
@@ -148,7 +155,7 @@ async def get_caller(
     if is_api_key(token):
         user, key_id = await _user_of_api_key(session, token)
         return Caller(user, key_id, scheduling)
-    return Caller(await _user_of_access_token(settings, session, token), scheduling=scheduling)
+    return Caller(await _user_of_access_token(settings, session, users, token), scheduling=scheduling)
 
 
 ApiCaller = Annotated[Caller, Depends(get_caller)]

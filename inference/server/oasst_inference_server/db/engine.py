@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from sqlalchemy import Integer, event, literal_column
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
-from sqlalchemy.util import await_
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -48,25 +47,21 @@ def create_engine(settings: Settings) -> AsyncEngine:
         url,
         pool_size=settings.database_pool_size,
         max_overflow=settings.database_pool_size,
-        pool_pre_ping=True,
+        # No "SELECT 1" round trip per checkout (pre-ping): see _skip_closed_connections.
+        pool_pre_ping=False,
     )
-    engine.dialect.do_ping = _ping_once  # type: ignore[method-assign]
+    event.listen(engine.sync_engine, "checkout", _skip_closed_connections)
     return engine
 
 
-def _ping_once(dbapi_connection: Any) -> bool:
-    """The pool's pre-ping in one round trip: ``SELECT 1`` as a simple-protocol query.
-
-    SQLAlchemy's asyncpg ping wraps its query in BEGIN ... ROLLBACK (three round trips on every
-    checkout, so that its prepared statement suits pgbouncer's transaction mode); a simple-protocol
-    query prepares nothing and needs no transaction. False (the connection is gone) makes the pool
-    invalidate its connections and connect afresh, as on any failed pre-ping.
-    """
-    try:
-        await_(dbapi_connection.driver_connection.execute("SELECT 1"))
-    except Exception:
-        return False
-    return True
+def _skip_closed_connections(dbapi_connection, _record, _proxy) -> None:
+    """Refuse a pooled connection whose socket is already closed, at no cost: a Postgres restart closes
+    every connection, asyncpg notices the closed socket on its own, and the pool then opens a fresh one
+    in its place instead of failing the request. A connection that dies silently (no FIN: a network
+    partition) still fails its first statement; SQLAlchemy sees a disconnect error there and
+    invalidates the whole pool, so the next requests get fresh connections."""
+    if dbapi_connection.driver_connection.is_closed():
+        raise DisconnectionError("the database closed this connection")
 
 
 def make_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

@@ -9,7 +9,7 @@ dispatch; when the worker reports the real counts the difference is charged (:fu
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 from sqlalchemy import func
@@ -144,10 +144,15 @@ def requested_options(message: DbMessage) -> SchedulingRequest:
 
 
 def stored_ticket(message: DbMessage) -> Ticket | None:
-    if not message.scheduling or "user" not in message.scheduling:
+    return ticket_from(message.scheduling)
+
+
+def ticket_from(scheduling: dict[str, Any] | None) -> Ticket | None:
+    """The ticket stored in a message's ``scheduling`` column, if it holds one."""
+    if not scheduling or "user" not in scheduling:
         return None
     try:
-        return Ticket.model_validate(message.scheduling)
+        return Ticket.model_validate(scheduling)
     except ValueError:
         return None
 

@@ -19,7 +19,9 @@ import asyncio
 import contextlib
 import time
 import uuid
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from typing import Any
 
 from loguru import logger
 from sqlalchemy import or_
@@ -38,6 +40,9 @@ from oasst_shared.protocol import Cancel, dump_frame
 from oasst_shared.schemas import MessageState
 
 LOCK_NAME = "recovery-loop"
+# Requests may shorten their queue timeout (X-Queue-Timeout); the passes look at messages older than
+# this (seconds), so one asking for less fails at the first pass after it.
+_QUEUE_TIMEOUT_FLOOR = 1.0
 
 
 class RecoveryLoop:
@@ -78,9 +83,11 @@ class RecoveryLoop:
 
     async def tick(self) -> None:
         await self.expire_leases()
-        await self.requeue_lost_work()
-        await self.fail_unservable()
-        await self.fail_overdue()
+        # One read of the pending messages serves the three repairs that act on them.
+        waiting = await self._pending_longer_than(self._shortest_wait_that_matters())
+        await self.requeue_lost_work(waiting)
+        await self.fail_unservable(waiting)
+        await self.fail_overdue(waiting)
 
     async def expire_leases(self) -> None:
         now = utcnow()
@@ -109,36 +116,57 @@ class RecoveryLoop:
                     )
             await self._lifecycle.release(message_id, session_id or "", reason)
 
-    async def _pending_longer_than(self, age: timedelta) -> list[DbMessage]:
-        """The messages pending for longer than ``age``, oldest first."""
+    async def _pending_longer_than(self, age: timedelta) -> list[Waiting]:
+        """The messages pending for longer than ``age``, oldest first: only the columns the repairs
+        read (a pass must stay cheap with a long queue; whole rows carry prompts and payloads)."""
         cutoff = utcnow() - age
         async with self._sessions() as session:
             rows = await session.exec(
-                select(DbMessage)
+                select(DbMessage.id, DbMessage.model_config_name, DbMessage.enqueued_at, DbMessage.scheduling)
                 .where(DbMessage.state == MessageState.pending, DbMessage.enqueued_at < cutoff)
                 .order_by(DbMessage.enqueued_at)
             )
-            return list(rows.all())
+            return [
+                Waiting(message_id, model, _aware(enqueued_at), scheduling)
+                for message_id, model, enqueued_at, scheduling in rows.all()
+            ]
 
-    async def requeue_lost_work(self) -> None:
-        pending = await self._pending_longer_than(timedelta(seconds=self._settings.requeue_grace))
-        by_model: dict[str, list[DbMessage]] = {}
-        for message in pending:
-            by_model.setdefault(message.model_config_name or "", []).append(message)
-        for model, messages in by_model.items():
+    def _shortest_wait_that_matters(self) -> timedelta:
+        """The youngest age any of the pending-message repairs acts on."""
+        settings = self._settings
+        return timedelta(
+            seconds=min(settings.requeue_grace, settings.no_worker_timeout, _QUEUE_TIMEOUT_FLOOR)
+        )
+
+    async def _waiting(self, age: float, snapshot: list[Waiting] | None) -> list[Waiting]:
+        if snapshot is None:
+            return await self._pending_longer_than(timedelta(seconds=age))
+        now = utcnow()
+        return [w for w in snapshot if w.waited(now) > age]
+
+    async def requeue_lost_work(self, snapshot: list[Waiting] | None = None) -> None:
+        pending = await self._waiting(self._settings.requeue_grace, snapshot)
+        by_model: dict[str, list[Waiting]] = {}
+        for waiting in pending:
+            by_model.setdefault(waiting.model or "", []).append(waiting)
+        for model, in_model in by_model.items():
             queue = events.work_queue_name(model)
             queued = set(await self._broker.queued_ids(queue))
-            missing = [m for m in messages if m.id not in queued]
-            for message in missing:
+            requeued = 0
+            for waiting in in_model:
+                if waiting.id in queued:
+                    continue
+                message = await self._lifecycle.get(waiting.id)
+                if message is None or message.state != MessageState.pending:
+                    continue  # claimed, cancelled or failed since the snapshot
                 # Pushed with its stored ticket: the rebuilt queue keeps each user's share and order.
                 await self._lifecycle.enqueue(message)
-            if missing:
-                logger.warning(
-                    "re-queued {} pending messages of {} missing from the queue", len(missing), model
-                )
+                requeued += 1
+            if requeued:
+                logger.warning("re-queued {} pending messages of {} missing from the queue", requeued, model)
 
-    async def fail_unservable(self) -> None:
-        waiting = await self._pending_longer_than(timedelta(seconds=self._settings.no_worker_timeout))
+    async def fail_unservable(self, snapshot: list[Waiting] | None = None) -> None:
+        waiting = await self._waiting(self._settings.no_worker_timeout, snapshot)
         if not waiting:
             return
         live = await self._registry.live_models()
@@ -148,7 +176,7 @@ class RecoveryLoop:
         # (not just after a Redis restart emptied the session records) before its messages fail.
         settle = 3 * self._settings.worker_ping_interval
         for message in waiting:
-            message_id, model = message.id, message.model_config_name
+            message_id, model = message.id, message.model
             if model in live:
                 continue
             if now - self._absent_since.setdefault(model or "", now) < settle:
@@ -161,24 +189,35 @@ class RecoveryLoop:
             if model:
                 await self._broker.remove_work(events.work_queue_name(model), message_id)
 
-    async def fail_overdue(self) -> None:
+    async def fail_overdue(self, snapshot: list[Waiting] | None = None) -> None:
+        waiting = await self._waiting(min(_QUEUE_TIMEOUT_FLOOR, self._settings.queue_timeout), snapshot)
         now = utcnow()
-        # Requests may only shorten the timeout, and never below a second: older than that is a superset.
-        waiting = await self._pending_longer_than(timedelta(seconds=min(1.0, self._settings.queue_timeout)))
         for message in waiting:
-            ticket = fair_share.stored_ticket(message)
+            ticket = fair_share.ticket_from(message.scheduling)
             timeout = ticket.timeout(self._settings) if ticket else self._settings.queue_timeout
-            assert message.enqueued_at is not None
-            if (now - _aware(message.enqueued_at)).total_seconds() <= timeout:
+            if message.waited(now) <= timeout:
                 continue
             failed = await self._lifecycle.fail(
                 message.id,
                 f"no worker took the message within its queue timeout of {timeout:g}s",
                 state=MessageState.failed,
             )
-            if failed and message.model_config_name:
-                metrics.QUEUE_TIMEOUTS.labels(message.model_config_name).inc()
-                await self._broker.remove_work(events.work_queue_name(message.model_config_name), message.id)
+            if failed and message.model:
+                metrics.QUEUE_TIMEOUTS.labels(message.model).inc()
+                await self._broker.remove_work(events.work_queue_name(message.model), message.id)
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What the repairs read of a pending message."""
+
+    id: str
+    model: str | None
+    enqueued_at: datetime
+    scheduling: dict[str, Any] | None
+
+    def waited(self, now: datetime) -> float:
+        return (now - self.enqueued_at).total_seconds()
 
 
 def _aware(moment: datetime) -> datetime:

@@ -45,7 +45,13 @@ from oasst_inference_server.dispatch.dispatcher import ModelDispatcher
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, UnsendableMessage
 from oasst_inference_server.dispatch.token_relay import TokenRelay
 from oasst_inference_server.dispatch.trust import WorkerTrust
-from oasst_inference_server.dispatch.worker_frames import Salvaged, bounded_usage, parse_or_salvage, salvage
+from oasst_inference_server.dispatch.worker_frames import (
+    Salvaged,
+    bounded_usage,
+    parse_or_salvage,
+    salvage,
+    utf8_size,
+)
 from oasst_inference_server.outages import is_outage
 from oasst_inference_server.settings import Settings
 from oasst_shared.protocol import (
@@ -509,9 +515,9 @@ class WorkerConnection:
             return
         if token.message_id in self.in_flight:  # else late, after a cancel or a lost lease: dropped
             self._count_token(token.message_id)
-            self._streamed_bytes[token.message_id] = self._streamed_bytes.get(token.message_id, 0) + len(
-                token.text.encode("utf-8")
-            )
+            self._streamed_bytes[token.message_id] = self._streamed_bytes.get(
+                token.message_id, 0
+            ) + utf8_size(token.text)
             spot = self._spot_tokens.get(token.message_id)
             if spot is not None:
                 spot.append(token.text)

@@ -62,9 +62,15 @@ def parse_or_salvage(text: str | bytes) -> tuple[WorkerFrame | None, Salvaged | 
         return None, salvage(text, str(exc)), str(exc)
 
 
+def utf8_size(text: str) -> int:
+    """Bytes of ``text`` in UTF-8. Called per relayed token: str.isascii() reads a flag CPython keeps,
+    so most tokens are measured without being encoded."""
+    return len(text) if text.isascii() else len(text.encode("utf-8"))
+
+
 def bounded_usage(result: GeneratedText, work: Work | None, streamed_bytes: int) -> GeneratedText:
     """``result`` with its token counts capped by what the server sent and saw streamed."""
-    text_bytes = len(result.text.encode("utf-8"))
+    text_bytes = utf8_size(result.text)
     # A token carries at least one byte of text, save those a stop sequence cut or specials.
     generated_cap = max(streamed_bytes, text_bytes) + USAGE_SLACK_TOKENS
     if work is not None:

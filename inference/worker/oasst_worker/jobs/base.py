@@ -13,9 +13,9 @@ from typing import Protocol
 from pydantic import BaseModel
 
 from oasst_shared.model_configs import ModelConfig
-from oasst_shared.protocol import EmbedWork, Work
+from oasst_shared.protocol import MAX_ERROR_CHARS, EmbedWork, Work, WorkerError
 from oasst_worker.backends.protocols import BackendBase
-from oasst_worker.backends.records import BackendInfo
+from oasst_worker.backends.records import BackendError, BackendInfo
 
 # Writes one frame to the server; raises websockets' ConnectionClosed when the connection is gone.
 Send = Callable[[BaseModel], Awaitable[None]]
@@ -59,3 +59,13 @@ class WrongKindOfWork(Exception):
     def __init__(self, config: ModelConfig, work: Work | EmbedWork) -> None:
         wanted = "embedding" if isinstance(work, EmbedWork) else "generation"
         super().__init__(f"worker serves the {config.kind} model {config.name}, not {wanted} work")
+
+
+def backend_failure(message_id: str, exc: BackendError) -> WorkerError:
+    """The frame that tells the server a job's backend failed, and whether it may be retried elsewhere."""
+    return WorkerError(
+        message_id=message_id,
+        error=str(exc)[:MAX_ERROR_CHARS],
+        retryable=exc.retryable,
+        backend_unavailable=exc.unavailable,
+    )

@@ -10,7 +10,7 @@ from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import Embeddings, EmbedWork, Work, WorkerError
 from oasst_worker.backends.protocols import EmbeddingBackend
 from oasst_worker.backends.records import BackendError, BackendInfo
-from oasst_worker.jobs.base import Send, WrongKindOfWork
+from oasst_worker.jobs.base import Send, WrongKindOfWork, backend_failure
 
 
 class EmbeddingJobFactory:
@@ -47,13 +47,7 @@ class EmbeddingJob:
             return
         except BackendError as exc:
             logger.warning("message {}: embedding failed: {}", message_id, exc)
-            error = WorkerError(
-                message_id=message_id,
-                error=str(exc)[:4000],
-                retryable=exc.retryable,
-                backend_unavailable=exc.unavailable,
-            )
-            await send(error)
+            await send(backend_failure(message_id, exc))
             return
         logger.info("message {}: embedded {} inputs", message_id, len(result.vectors))
         await send(

@@ -37,7 +37,7 @@ from oasst_shared.tool_calls import (
 from oasst_worker import metrics
 from oasst_worker.backends.protocols import GenerationBackend
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult
-from oasst_worker.jobs.base import Send, WrongKindOfWork
+from oasst_worker.jobs.base import Send, WrongKindOfWork, backend_failure
 from oasst_worker.prompting import PromptBuilder
 
 
@@ -114,13 +114,7 @@ class GenerationJob:
             )
         except BackendError as exc:
             logger.warning("message {} failed at the backend: {}", message_id, exc)
-            error = WorkerError(
-                message_id=message_id,
-                error=str(exc)[:4000],
-                retryable=exc.retryable,
-                backend_unavailable=exc.unavailable,
-            )
-            await send(error)
+            await send(backend_failure(message_id, exc))
             return "backend_unavailable" if exc.unavailable else "backend_error"
         except ValidationError as exc:
             # The backend produced text no frame may carry (NUL, a lone surrogate): this message's

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from oasst_inference_server.api.deps import LifecycleDep, SessionDep, SignedInUser
+from oasst_inference_server.api.deps import LifecycleDep, SessionDep, SignedInUser, UserCacheDep
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.api.routes.auth import user_read
 from oasst_inference_server.chats.accounts import delete_account
@@ -21,10 +21,14 @@ async def get_account(user: SignedInUser) -> UserRead:
 
 
 @router.delete("", status_code=204, responses=AUTH)
-async def delete_own_account(user: SignedInUser, session: SessionDep, lifecycle: LifecycleDep) -> Response:
+async def delete_own_account(
+    user: SignedInUser, session: SessionDep, lifecycle: LifecycleDep, users: UserCacheDep
+) -> Response:
     """Delete the account: running answers are cancelled, chats that did not allow data use are
     deleted, the rest is kept anonymised, and every token stops working."""
+    user_id = user.id
     await delete_account(session, lifecycle, user)
+    users.forget(user_id)
     return Response(status_code=204)
 
 

@@ -16,6 +16,7 @@ from oasst_inference_server.api.deps import (
     SessionDep,
     SessionFactoryDep,
     SettingsDep,
+    UserCacheDep,
 )
 from oasst_inference_server.api.responses import ADMIN, Responses, error
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
@@ -231,18 +232,24 @@ async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[W
 
 
 @router.post("/users/{user_id}/revoke_tokens", response_model=RevokedTokensResponse, responses=_USER)
-async def revoke_tokens(user_id: str, session: SessionDep) -> RevokedTokensResponse:
+async def revoke_tokens(user_id: str, session: SessionDep, users: UserCacheDep) -> RevokedTokensResponse:
     """Sign the user out everywhere: every refresh token is revoked and every access token already
-    issued stops working (the count is of refresh tokens)."""
+    issued stops working (at once on this server process, within ``user_cache_seconds`` on the
+    others; the count is of refresh tokens)."""
     await find_user(session, user_id)
-    return RevokedTokensResponse(revoked=await revoke_user_tokens(session, user_id))
+    revoked = await revoke_user_tokens(session, user_id)
+    users.forget(user_id)
+    return RevokedTokensResponse(revoked=revoked)
 
 
 @router.delete("/users/{user_id}", status_code=204, responses=_USER)
-async def delete_user(user_id: str, session: SessionDep, lifecycle: LifecycleDep) -> Response:
+async def delete_user(
+    user_id: str, session: SessionDep, lifecycle: LifecycleDep, users: UserCacheDep
+) -> Response:
     """Delete a user the way ``DELETE /account`` does (anonymised, generations cancelled)."""
     user = await find_user(session, user_id, deleted_too=False)
     await delete_account(session, lifecycle, user)
+    users.forget(user_id)
     return Response(status_code=204)
 
 
@@ -267,7 +274,7 @@ async def get_user(user_id: str, session: SessionDep) -> AdminUserRead:
     "/users/{user_id}/tier", response_model=AdminUserRead, responses={**_USER, 422: error("Unknown tier")}
 )
 async def set_user_tier(
-    user_id: str, body: UserTierUpdate, session: SessionDep, settings: SettingsDep
+    user_id: str, body: UserTierUpdate, session: SessionDep, settings: SettingsDep, users: UserCacheDep
 ) -> AdminUserRead:
     """Set the user's tier (a key of ``settings.user_tiers``; null for the default): its weight in the
     fair queues, for the messages the user queues from now on."""
@@ -278,6 +285,7 @@ async def set_user_tier(
             f"unknown tier {body.tier!r}; tiers: {', '.join(sorted(settings.user_tiers))}",
         )
     await change_user_tier(session, user, body.tier)
+    users.forget(user_id)
     return await get_user(user_id, session)
 
 
