@@ -580,14 +580,26 @@ class OurApi:
         return str(_check(response)["id"])
 
     async def ask(
-        self, token: str, chat_id: str, parent_id: str, model: str, max_new_tokens: int
+        self, token: str, chat_id: str, parent_id: str, model: str, max_new_tokens: int, readers: int = 1
     ) -> StreamResult:
-        """Queue an answer and stream it; timed from the assistant_message request."""
+        """Queue an answer and stream it; timed from the assistant_message request.
+
+        ``readers`` > 1 reads the answer with that many event streams at once (several tabs); the
+        result is the first one's, failed if any of the others failed or saw other text.
+        """
         result = StreamResult(started=time.perf_counter())
         try:
             message_id = await self.assistant(token, chat_id, parent_id, model, max_new_tokens)
             result.message_id = message_id
-            await self.read_events(token, chat_id, message_id, result)
+            others = [StreamResult(started=result.started) for _ in range(readers - 1)]
+            await asyncio.gather(
+                self.read_events(token, chat_id, message_id, result),
+                *(self.read_events(token, chat_id, message_id, other) for other in others),
+            )
+            for other in others:
+                if result.ok and (not other.ok or other.text != result.text):
+                    result.ok = False
+                    result.error = f"another reader of the answer: {other.error or 'other text'}"
         except (httpx.HTTPError, BenchHttpError, ValueError) as exc:
             result.error = f"{type(exc).__name__}: {exc}"
         result.ended = result.ended or time.perf_counter()
@@ -749,10 +761,12 @@ async def prepare_ours(
     model: str,
     tokens: int,
     prompt: str,
+    readers: int = 1,
 ) -> Callable[[], Awaitable[list[StreamResult]]]:
     """Make the chats and prompts of a closed-loop load (untimed); return the timed part to await.
 
-    Task k sends its requests as ``users[k]`` to ``apis[k % len(apis)]`` (several replicas: round robin).
+    Task k sends its requests as ``users[k]`` to ``apis[k % len(apis)]`` (several replicas: round robin),
+    and reads each answer with ``readers`` event streams at once.
     """
     c = max(1, min(concurrency, total))
 
@@ -766,7 +780,7 @@ async def prepare_ours(
 
     async def request(k: int, i: int) -> StreamResult:
         chat_id, parent_id = setups[i]
-        return await apis[k % len(apis)].ask(users[k], chat_id, parent_id, model, tokens)
+        return await apis[k % len(apis)].ask(users[k], chat_id, parent_id, model, tokens, readers)
 
     async def timed() -> list[StreamResult]:
         return await closed_loop(c, total, request)

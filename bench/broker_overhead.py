@@ -7,6 +7,7 @@ process, and the server's peak RSS (VmHWM).
 
     python -m bench.broker_overhead              # full: levels 1,10,100,1000, 100 tokens a stream
     python -m bench.broker_overhead --tiny       # CI: seconds
+    python -m bench.broker_overhead --readers 4  # each answer read by 4 event streams at once
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ async def run(args: argparse.Namespace) -> Report:
     levels = args.levels or ([1, 10] if args.tiny else [1, 10, 100, 1000])
     tokens = args.tokens or (20 if args.tiny else 100)
     min_requests = args.min_requests or (6 if args.tiny else 40)
+    readers = args.readers or 1
     report = Report(
         "broker_overhead",
         "2. Broker overhead with an instant backend",
@@ -64,6 +66,8 @@ async def run(args: argparse.Namespace) -> Report:
         report.params.update(
             workers=workers, slots_per_worker=slots, broker="in-process" if args.embedded else "redis"
         )
+        if readers > 1:
+            report.params.update(readers_per_stream=readers)
         table = Table(
             f"Concurrent streams of {tokens} tokens; TTFT in ms; tokens/s over the whole level",
             [
@@ -85,7 +89,7 @@ async def run(args: argparse.Namespace) -> Report:
                 "errors (ours)",
             ],
         )
-        async with http_client(top) as client:
+        async with http_client(top * readers) as client:
             api = OurApi(client, server.url)
             users = await login_users(api, top, "broker")
             for level in levels:
@@ -96,7 +100,7 @@ async def run(args: argparse.Namespace) -> Report:
                 )
                 # Our path: chats and prompts are made first, untimed; the timed part is
                 # assistant_message + the event stream to its terminal event.
-                timed = await prepare_ours([api], users, level, total, INSTANT_MODEL, tokens, PROMPT)
+                timed = await prepare_ours([api], users, level, total, INSTANT_MODEL, tokens, PROMPT, readers)
                 cpu0 = cpu_seconds(server.pid)
                 wcpu0 = sum(cpu_seconds(w.proc.pid) for w in worker_procs)
                 wall0 = time.perf_counter()
@@ -222,6 +226,9 @@ def main() -> None:
     p.add_argument("--tokens", type=int, help="tokens per stream")
     p.add_argument("--min-requests", type=int, help="requests per level at least")
     p.add_argument("--workers", type=int, help="worker processes (default: one per 250 streams)")
+    p.add_argument(
+        "--readers", type=int, help="event streams reading each answer at once (default 1; tokens count once)"
+    )
     main_wrapper(run, p.parse_args())
 
 

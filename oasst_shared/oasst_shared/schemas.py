@@ -68,6 +68,18 @@ class CreateAssistantMessageRequest(_Request):
     system_prompt: str | None = Field(default=None, max_length=MAX_MESSAGE_LENGTH)
 
 
+class CreateTurnRequest(_Request):
+    """One call for a whole turn: the user's message and the answer to it, streamed back."""
+
+    parent_id: str | None = Field(
+        default=None, description="The assistant message this prompt replies to; null for the chat's first"
+    )
+    content: str = Field(min_length=1, max_length=MAX_MESSAGE_LENGTH)
+    model_config_name: str = Field(min_length=1, max_length=128)
+    sampling_parameters: SamplingParameters = Field(default_factory=SamplingParameters)
+    system_prompt: str | None = Field(default=None, max_length=MAX_MESSAGE_LENGTH)
+
+
 class MessageRead(BaseModel):
     model_config = ConfigDict(protected_namespaces=())
 
@@ -205,6 +217,15 @@ class ErrorBody(BaseModel):
 # ---------------------------------------------------------------- server-sent events
 
 
+class CreatedEvent(BaseModel):
+    """The first event of ``POST /chats/{id}/turns``: the two messages it created. Their ids let the
+    client resume the answer's events with ``Last-Event-ID`` from ``.../messages/{id}/events``."""
+
+    event_type: Literal["created"] = "created"
+    prompter_message: MessageRead
+    assistant_message: MessageRead
+
+
 class PendingEvent(BaseModel):
     event_type: Literal["pending"] = "pending"
     queue_position: int  # 1 = dispatched next, in the fair queue's real order
@@ -248,7 +269,7 @@ class ErrorEvent(BaseModel):
 
 
 StreamEvent = Annotated[
-    PendingEvent | TokenEvent | RetryEvent | GapEvent | MessageEvent | ErrorEvent,
+    CreatedEvent | PendingEvent | TokenEvent | RetryEvent | GapEvent | MessageEvent | ErrorEvent,
     Field(discriminator="event_type"),
 ]
 TERMINAL_EVENT_TYPES = frozenset({"message", "error"})

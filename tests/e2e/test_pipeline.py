@@ -6,10 +6,12 @@ Each test runs twice: on the embedded default (SQLite, in-process broker) and on
 from __future__ import annotations
 
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from tests.e2e.chat_api import ChatApi, tokens_text
+from tests.support.fault_flows import queue
 
 pytestmark = pytest.mark.slow
 
@@ -100,6 +102,33 @@ def test_resume_with_last_event_id_has_no_duplicates_or_gaps(stack, api):
     # A finished message's stream replays its final event at once, and a second reader gets everything.
     again = api.events(chat_id, message_id)
     assert [e.data for e in again if e.id] == [e.data for e in stored]
+
+
+def test_readers_of_one_answer_at_once_each_get_every_event_once(stack, api):
+    """Readers of one message share the server's one read of its stream (streams/fanout.py): each still
+    gets every event once and in order, one of them resuming with Last-Event-ID halfway."""
+    chat_id, message_id = queue(
+        api, stack.model_name, "Write a short poem about the sea.", do_sample=False, max_new_tokens=64
+    )
+
+    def read_all() -> list:
+        return ChatApi(stack.url, api.username).events(chat_id, message_id)
+
+    def resume_halfway() -> list:
+        reader = ChatApi(stack.url, api.username)
+        first = reader.events(chat_id, message_id, limit=8)
+        stored = [e for e in first if e.id]
+        return stored + reader.events(chat_id, message_id, last_event_id=stored[-1].id)
+
+    with ThreadPoolExecutor(4) as pool:
+        results = [
+            future.result()
+            for future in [pool.submit(read_all) for _ in range(3)] + [pool.submit(resume_halfway)]
+        ]
+    ids = [[e.id for e in events if e.id] for events in results]
+    assert len(ids[0]) >= 3 and results[0][-1].data["event_type"] == "message"
+    assert all(each == ids[0] for each in ids), ids
+    assert all(tokens_text(events) == tokens_text(results[0]) for events in results)
 
 
 def test_model_configs_lists_the_served_model(stack, api):

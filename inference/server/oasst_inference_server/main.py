@@ -40,6 +40,7 @@ from oasst_inference_server.dispatch.recovery import RecoveryLoop
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
 from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.settings import Settings, get_settings
+from oasst_inference_server.streams.fanout import StreamFanout
 from oasst_inference_server.submission import SubmissionService
 
 
@@ -65,6 +66,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.engine = engine
         app.state.session_factory = session_factory
         app.state.broker = broker
+        # One broker read per message stream in this process, shared by all its SSE readers.
+        app.state.stream_fanout = fanout = StreamFanout(broker)
         app.state.user_cache = UserCache(settings.user_cache_seconds, settings.user_cache_size)
         app.state.registry = WorkerRegistry(broker)
         app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
@@ -78,7 +81,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         checker_task = asyncio.create_task(checker.run(), name="compliance checks")
         app.state.submission = SubmissionService(settings, app.state.lifecycle, app.state.registry)
         app.state.openai_service = OpenAIService(
-            settings, session_factory, broker, app.state.lifecycle, app.state.registry, app.state.submission
+            settings, session_factory, fanout, app.state.lifecycle, app.state.registry, app.state.submission
         )
         recovery = RecoveryLoop(session_factory, broker, app.state.lifecycle, app.state.registry, settings)
         recovery_task = asyncio.create_task(recovery.run(), name="recovery")
@@ -97,6 +100,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # Bounded: a broker call that swallows the cancellation must not hang the shutdown.
             await asyncio.wait([recovery_task], timeout=3.0)
             await recovery.stop()
+            await fanout.close()
             await broker.close()
             await engine.dispose()
 

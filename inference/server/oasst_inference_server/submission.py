@@ -19,17 +19,32 @@ from loguru import logger
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.admission.capabilities import check_capabilities
-from oasst_inference_server.admission.limits import check_chat_capacity, check_queue_capacity
+from oasst_inference_server.admission.limits import (
+    check_chat_capacity,
+    check_message_length,
+    check_queue_capacity,
+)
 from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.admission.request_bounds import check_system_prompt
-from oasst_inference_server.chats.chat_store import ChatSize, get_own_chat, get_parent_message
-from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, utcnow
+from oasst_inference_server.chats.chat_store import (
+    ChatSize,
+    get_own_chat,
+    get_parent_message,
+    stage_prompter_message,
+)
+from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, new_id, utcnow
 from oasst_inference_server.dispatch import fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
-from oasst_inference_server.domain_errors import InvalidRequest, ServiceUnavailable
+from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue, ServiceUnavailable
 from oasst_inference_server.settings import Settings
-from oasst_shared.schemas import CreateAssistantMessageRequest, MessageState, Role, SchedulingRequest
+from oasst_shared.schemas import (
+    CreateAssistantMessageRequest,
+    CreateTurnRequest,
+    MessageState,
+    Role,
+    SchedulingRequest,
+)
 
 
 class SubmissionService:
@@ -99,11 +114,48 @@ class SubmissionService:
         parent = await get_parent_message(session, chat, request.parent_id)
         if parent.role != Role.prompter:
             raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
+        return await self._answer(session, user, chat, parent, request, requested)
+
+    async def turn_in_chat(
+        self,
+        session: AsyncSession,
+        user: DbUser,
+        chat_id: str,
+        request: CreateTurnRequest,
+        requested: SchedulingRequest,
+        answer_id: str | None = None,
+    ) -> tuple[DbMessage, DbMessage]:
+        """Add the user's message and queue the answer to it (with the id ``answer_id`` if given), in one
+        transaction: both or neither (a refused answer leaves no unanswered prompt behind)."""
+        chat = await get_own_chat(session, user, chat_id)
+        if not request.content.strip():
+            raise InvalidValue("empty_message", "the message is empty")
+        check_message_length(self._settings, request.content)
+        await check_chat_capacity(session, self._settings, chat.id)
+        prompt = await stage_prompter_message(session, chat, request.parent_id, request.content)
+        try:
+            answer = await self._answer(session, user, chat, prompt, request, requested, answer_id)
+        except BaseException:
+            await session.rollback()
+            raise
+        return prompt, answer
+
+    async def _answer(
+        self,
+        session: AsyncSession,
+        user: DbUser,
+        chat: DbChat,
+        parent: DbMessage,
+        request: CreateAssistantMessageRequest | CreateTurnRequest,
+        requested: SchedulingRequest,
+        message_id: str | None = None,
+    ) -> DbMessage:
         model = await self._chat_model(request.model_config_name)
         check_capabilities(request.sampling_parameters, model)
         check_system_prompt(self._settings, request.system_prompt)
         size = await self.admit(session, user.id, model.config.name, chat_id=chat.id)
         message = DbMessage(
+            id=message_id or new_id(),
             chat_id=chat.id,
             parent_id=parent.id,
             role=Role.assistant,

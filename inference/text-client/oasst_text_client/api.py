@@ -16,6 +16,7 @@ from oasst_shared.schemas import (
     TERMINAL_EVENT_TYPES,
     AuthCheckResponse,
     ChatRead,
+    CreatedEvent,
     LoginResponse,
     MessageRead,
     ModelConfigInfo,
@@ -28,7 +29,7 @@ _ModelT = TypeVar("_ModelT", bound=BaseModel)
 
 _STREAM_EVENT = TypeAdapter[StreamEvent](StreamEvent)
 _MODEL_CONFIGS = TypeAdapter(list[ModelConfigInfo])
-_KNOWN_EVENT_TYPES = frozenset({"pending", "token", "retry", "message", "error"})
+_KNOWN_EVENT_TYPES = frozenset({"created", "pending", "token", "retry", "message", "error"})
 
 DEFAULT_TIMEOUT = httpx.Timeout(30.0, connect=10.0)
 # The server pings an idle event stream every 15 s or so; a stream silent for much longer is dead.
@@ -44,6 +45,7 @@ class _StreamCursor:
     last_event_id: str | None = None
     events_seen: int = 0
     server_retry_s: float | None = None
+    answer_id: str | None = None  # of a turn, once its created event arrived
 
 
 class ChatApiClient:
@@ -148,6 +150,54 @@ class ChatApiClient:
 
     # ------------------------------------------------------------------ event stream
 
+    def stream_turn(
+        self,
+        chat_id: str,
+        content: str,
+        parent_id: str | None,
+        model_config_name: str,
+        sampling_parameters: SamplingParameters,
+        system_prompt: str | None = None,
+    ) -> Generator[StreamEvent, None, None]:
+        """One whole turn in one call (``POST /chats/{id}/turns``): the prompt and its answer are created
+        together and the answer streams back, led by a ``created`` event with both messages. A stream
+        that breaks after that is resumed from the answer's events route, as :meth:`stream_events` does.
+
+        Raises ``ApiError`` with status 404/405 and no specific code from a server without the route.
+        The turn is never sent twice: if the connection fails before the ``created`` event, whether the
+        server made the turn is unknown, and ``ServerUnreachable`` says so.
+        """
+        payload: dict[str, Any] = {
+            "parent_id": parent_id,
+            "content": content,
+            "model_config_name": model_config_name,
+            "sampling_parameters": sampling_parameters.model_dump(mode="json", exclude_none=True),
+        }
+        if system_prompt:
+            payload["system_prompt"] = system_prompt
+        cursor = _StreamCursor()
+        problem: str | None = None
+        try:
+            for attempt in range(2):
+                try:
+                    problem = yield from self._read_events("POST", f"/chats/{chat_id}/turns", cursor, payload)
+                except ApiError as exc:
+                    if exc.status_code == 401 and attempt == 0 and self._username is not None:
+                        self.login(self._username)  # the token expired: once more, signed in again
+                        continue
+                    raise
+                break
+        except httpx.TransportError as exc:
+            if cursor.answer_id is None:
+                raise ServerUnreachable(_describe_transport_error(exc, self.server_url)) from exc
+            problem = _describe_transport_error(exc, self.server_url)
+        if problem is None:
+            return
+        if cursor.answer_id is None:
+            raise ProtocolError("the server's turn stream did not start with a created event")
+        answer_id = cursor.answer_id
+        yield from self._resume(f"/chats/{chat_id}/messages/{answer_id}/events", cursor, problem)
+
     def stream_events(self, chat_id: str, message_id: str) -> Generator[StreamEvent, None, None]:
         """The events of one assistant message, ending with its terminal event.
 
@@ -155,13 +205,21 @@ class ChatApiClient:
         handed out, so none is repeated or skipped), with exponential back-off, up to ``max_reconnects``
         times in a row; any event received resets that count.
         """
-        path = f"/chats/{chat_id}/messages/{message_id}/events"
-        cursor = _StreamCursor()
+        yield from self._resume(f"/chats/{chat_id}/messages/{message_id}/events", _StreamCursor(), None)
+
+    def _resume(
+        self, path: str, cursor: _StreamCursor, problem: str | None
+    ) -> Generator[StreamEvent, None, None]:
+        """Read ``path``'s events from ``cursor`` on, reconnecting as :meth:`stream_events` says; with a
+        ``problem``, the previous connection broke on it (counted as the first failure)."""
         failures = 0
+        if problem is not None:
+            failures = 1
+            self._sleep(cursor.server_retry_s if cursor.server_retry_s is not None else 0.5)
         while True:
             seen_before = cursor.events_seen
             try:
-                problem = yield from self._read_events(path, cursor)
+                problem = yield from self._read_events("GET", path, cursor)
             except httpx.TransportError as exc:
                 problem = _describe_transport_error(exc, self.server_url)
             if problem is None:
@@ -172,17 +230,21 @@ class ChatApiClient:
             backoff = cursor.server_retry_s if cursor.server_retry_s is not None else 0.5
             self._sleep(min(MAX_BACKOFF_S, backoff * 2 ** (failures - 1)))
 
-    def _read_events(self, path: str, cursor: _StreamCursor) -> Generator[StreamEvent, None, str | None]:
+    def _read_events(
+        self, method: str, path: str, cursor: _StreamCursor, json: Any = None
+    ) -> Generator[StreamEvent, None, str | None]:
         """One connection's worth of events. Returns None after the terminal event, else what went wrong."""
         headers = {"Accept": "text/event-stream", "Cache-Control": "no-cache"}
         if cursor.last_event_id is not None:
             headers["Last-Event-ID"] = cursor.last_event_id
-        with self._http.stream("GET", path, headers=headers, timeout=self._stream_timeout) as response:
+        with self._http.stream(
+            method, path, headers=headers, json=json, timeout=self._stream_timeout
+        ) as response:
             if response.status_code >= 400:
                 response.read()
                 error = _api_error(response)
-                if response.status_code < 500:
-                    raise error
+                if response.status_code < 500 or method != "GET":
+                    raise error  # a refused turn (no worker, queue full...) is an answer, not a hiccup
                 return str(error)  # a server in trouble (restarting, overloaded) may recover
             splitter = LineSplitter()
             decoder = SSEDecoder()
@@ -199,6 +261,8 @@ class ChatApiClient:
                     event = _parse_event(sse.data)
                     if event is None:
                         continue
+                    if isinstance(event, CreatedEvent):
+                        cursor.answer_id = event.assistant_message.id
                     yield event
                     if event.event_type in TERMINAL_EVENT_TYPES:
                         return None

@@ -10,12 +10,13 @@ answer before it.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from contextlib import closing
 from typing import Protocol
 
 from oasst_shared.sampling import SamplingParameters
 from oasst_shared.schemas import (
+    CreatedEvent,
     ErrorEvent,
     MessageEvent,
     MessageRead,
@@ -23,9 +24,16 @@ from oasst_shared.schemas import (
     ModelConfigInfo,
     PendingEvent,
     RetryEvent,
+    StreamEvent,
     TokenEvent,
 )
-from oasst_text_client._exceptions import GenerationFailed, ModelUnavailable, ProtocolError, TextClientError
+from oasst_text_client._exceptions import (
+    ApiError,
+    GenerationFailed,
+    ModelUnavailable,
+    ProtocolError,
+    TextClientError,
+)
 from oasst_text_client.api import ChatApiClient
 
 
@@ -89,6 +97,8 @@ class ChatSession:
         # The answer as the last cancel_current left it: cancelled, or complete if it won the race.
         self.last_cancelled: MessageRead | None = None
         self._turns_started = 0
+        # Whether the server has POST /chats/{id}/turns (one call per turn); None until the first turn.
+        self._turns_route: bool | None = None
         self.current: tuple[str, str] | None = None
         """(chat id, message id) of the answer being generated, for cancelling it."""
 
@@ -111,13 +121,8 @@ class ChatSession:
             self._turns_started = 0
         chat_id = self.chat_id
         self._turns_started += 1
-        prompter = self.api.add_prompter_message(chat_id, text, self._parent_id)
-        assistant = self.api.add_assistant_message(
-            chat_id, prompter.id, self.model_name, self.sampling, self.system_prompt
-        )
-        self.current = (chat_id, assistant.id)
         try:
-            final = self._stream(chat_id, assistant.id, sink)
+            final = self._stream(chat_id, self._open_turn(chat_id, text), sink)
         except TextClientError:
             self.current = None
             raise
@@ -152,8 +157,35 @@ class ChatSession:
             self._parent_id = message.id
         return True
 
-    def _stream(self, chat_id: str, message_id: str, sink: AnswerSink) -> MessageRead:
-        with closing(self.api.stream_events(chat_id, message_id)) as events:
+    def _open_turn(self, chat_id: str, text: str) -> Generator[StreamEvent, None, None]:
+        """The turn's events: in one call where the server has ``/turns``, else in three (the original
+        server's routes). ``current`` is set as soon as the answer has an id."""
+        if self._turns_route is not False:
+            events = self.api.stream_turn(
+                chat_id, text, self._parent_id, self.model_name, self.sampling, self.system_prompt
+            )
+            try:
+                first = next(events)
+            except ApiError as exc:
+                if not _route_missing(exc):
+                    raise
+                self._turns_route = False
+            else:
+                self._turns_route = True
+                if isinstance(first, CreatedEvent):
+                    self.current = (chat_id, first.assistant_message.id)
+                return _prepend(first, events)
+        prompter = self.api.add_prompter_message(chat_id, text, self._parent_id)
+        assistant = self.api.add_assistant_message(
+            chat_id, prompter.id, self.model_name, self.sampling, self.system_prompt
+        )
+        self.current = (chat_id, assistant.id)
+        return self.api.stream_events(chat_id, assistant.id)
+
+    def _stream(
+        self, chat_id: str, stream: Generator[StreamEvent, None, None], sink: AnswerSink
+    ) -> MessageRead:
+        with closing(stream) as events:
             for event in events:
                 if isinstance(event, PendingEvent):
                     sink.pending(event.queue_position, event.queue_size)
@@ -171,6 +203,21 @@ class ChatSession:
                     state = event.message.state.value if event.message is not None else None
                     raise GenerationFailed(event.error, state)
         raise ProtocolError("the event stream ended without a final event")  # pragma: no cover
+
+
+def _prepend(
+    first: StreamEvent, rest: Generator[StreamEvent, None, None]
+) -> Generator[StreamEvent, None, None]:
+    try:
+        yield first
+        yield from rest
+    finally:
+        rest.close()
+
+
+def _route_missing(error: ApiError) -> bool:
+    """A 404 or 405 that names no resource of ours: the server has no such route (an older one)."""
+    return error.status_code in (404, 405) and error.code in (None, "not_found", "method_not_allowed")
 
 
 def _can_carry_the_conversation(message: MessageRead) -> bool:

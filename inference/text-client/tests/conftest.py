@@ -60,6 +60,7 @@ class FakeChatServer:
     requests: list[Recorded] = field(default_factory=list)
     cancelled: list[str] = field(default_factory=list)
     login_status: int = 200
+    turns: bool = False  # serve POST /chats/{id}/turns, as our server does (the original one does not)
 
     def events_for(self, message_id: str) -> list[tuple[str, dict[str, Any]]]:
         msg = self.messages[message_id]
@@ -182,6 +183,23 @@ def _make_handler(state: FakeChatServer) -> type[BaseHTTPRequestHandler]:
                 state.messages[msg["id"]] = msg
                 state.chats[parts[1]].append(msg["id"])
                 self._json(200, msg)
+            elif len(parts) == 3 and parts[0] == "chats" and parts[2] == "turns" and state.turns:
+                chat = state.chats.get(parts[1])
+                if chat is None:
+                    self._error(404, "chat not found", "chat_not_found")
+                    return
+                names = [m["name"] for m in state.models]
+                if body["model_config_name"] not in names:
+                    self._error(400, f"unknown model; available: {', '.join(names)}", "unknown_model")
+                    return
+                prompt = _message(parts[1], body.get("parent_id"), "prompter", "manual", body["content"])
+                answer = _message(parts[1], prompt["id"], "assistant", "pending", None)
+                answer["sampling_parameters"] = body.get("sampling_parameters")
+                for msg in (prompt, answer):
+                    state.messages[msg["id"]] = msg
+                    chat.append(msg["id"])
+                created = {"event_type": "created", "prompter_message": prompt, "assistant_message": answer}
+                self._events(answer["id"], lead=created)
             elif len(parts) == 5 and parts[2] == "messages" and parts[4] == "cancel":
                 state.cancelled.append(parts[3])
                 if state.cancel_status == 409:
@@ -199,7 +217,7 @@ def _make_handler(state: FakeChatServer) -> type[BaseHTTPRequestHandler]:
             else:
                 self._error(404, "Not Found", "not_found")
 
-        def _events(self, message_id: str) -> None:
+        def _events(self, message_id: str, lead: dict[str, Any] | None = None) -> None:
             if message_id not in state.messages:
                 self._error(404, "message not found", "not_found")
                 return
@@ -217,6 +235,8 @@ def _make_handler(state: FakeChatServer) -> type[BaseHTTPRequestHandler]:
             self.send_header("Transfer-Encoding", "chunked")
             self.end_headers()
             self._chunk(b": ping\r\n\r\n")
+            if lead is not None:
+                self._chunk(f"data: {json.dumps(lead)}\n\n".encode())
             for sent, (eid, event) in enumerate(events):
                 if conn.kind != "ok" and sent == conn.after:
                     if conn.kind == "abort_after":

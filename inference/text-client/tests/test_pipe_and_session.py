@@ -5,15 +5,16 @@ from __future__ import annotations
 import io
 import signal
 import subprocess
+from collections.abc import Iterator
 
 import pytest
 
 from oasst_shared.sampling import SamplingParameters
-from oasst_text_client import ChatApiClient, ChatSession, GenerationFailed
+from oasst_text_client import ApiError, ChatApiClient, ChatSession, GenerationFailed
 from oasst_text_client.pipe import PipeSink, run_pipe
 from oasst_text_client.repl import Repl
 
-from .conftest import FakeChatServer
+from .conftest import Connection, FakeChatServer
 
 
 class RecordingSink:
@@ -31,10 +32,10 @@ class RecordingSink:
 
 
 @pytest.fixture
-def session(fake_server: FakeChatServer) -> ChatSession:
-    api = ChatApiClient(fake_server.url)
-    api.login("tester")
-    return ChatSession(api, "fake-model", SamplingParameters(max_new_tokens=16), system_prompt=None)
+def session(fake_server: FakeChatServer) -> Iterator[ChatSession]:
+    with ChatApiClient(fake_server.url) as api:
+        api.login("tester")
+        yield ChatSession(api, "fake-model", SamplingParameters(max_new_tokens=16), system_prompt=None)
 
 
 def posted(fake_server: FakeChatServer, suffix: str) -> list[dict[str, object]]:
@@ -302,3 +303,58 @@ def test_command_ctrl_c_in_pipe_mode_cancels_and_exits_130(
     assert err.endswith("oasst-chat: interrupted\n")
     assert "Traceback" not in err
     assert len(fake_server.cancelled) == 1
+
+
+# ---------------------------------------------------------------- one call per turn
+
+
+def requested_paths(fake_server: FakeChatServer) -> list[str]:
+    return [f"{r.method} {r.path.split('?')[0]}" for r in fake_server.requests if "/chats/" in r.path]
+
+
+def test_a_server_with_turns_gets_one_call_per_turn(
+    session: ChatSession, fake_server: FakeChatServer
+) -> None:
+    fake_server.turns = True
+    first = session.ask("one", RecordingSink())
+    second = session.ask("two", RecordingSink())
+    assert first.content == second.content == "Hello, world!"
+    turns = posted(fake_server, "/turns")
+    assert [t["parent_id"] for t in turns] == [None, first.id] and turns[1]["content"] == "two"
+    assert turns[0]["sampling_parameters"]["max_new_tokens"] == 16
+    assert not posted(fake_server, "/prompter_message") and not posted(fake_server, "/assistant_message")
+    assert not [p for p in requested_paths(fake_server) if p.endswith("/events")]
+
+
+def test_a_broken_turn_stream_resumes_from_the_answer_s_events(
+    session: ChatSession, fake_server: FakeChatServer
+) -> None:
+    fake_server.turns = True
+    fake_server.connections = [Connection(kind="abort_after", after=2)]  # created, pending, "Hello", cut
+    sink = RecordingSink()
+    final = session.ask("one", sink)
+    assert "".join(c[1] for c in sink.calls if c[0] == "token") == "Hello, world!"  # each token once
+    resumed = [r for r in fake_server.requests if r.method == "GET" and r.path.endswith("/events")]
+    assert len(resumed) == 1 and resumed[0].path == f"/chats/{final.chat_id}/messages/{final.id}/events"
+    assert resumed[0].headers["Last-Event-ID"] == "2-0"
+    assert len(posted(fake_server, "/turns")) == 1  # the turn itself is never sent twice
+
+
+def test_a_refused_turn_is_an_error_not_a_fallback(session: ChatSession, fake_server: FakeChatServer) -> None:
+    fake_server.turns = True
+    session.model_name = "no-such-model"
+    with pytest.raises(ApiError) as refused:
+        session.ask("one", RecordingSink())
+    assert refused.value.code == "unknown_model"
+    assert not posted(fake_server, "/prompter_message")
+
+
+def test_a_server_without_turns_gets_the_three_calls(
+    session: ChatSession, fake_server: FakeChatServer
+) -> None:
+    session.ask("one", RecordingSink())
+    session.ask("two", RecordingSink())
+    assert len(posted(fake_server, "/turns")) == 1  # asked once, then remembered
+    assert (
+        len(posted(fake_server, "/prompter_message")) == len(posted(fake_server, "/assistant_message")) == 2
+    )

@@ -37,6 +37,7 @@ from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
 from oasst_inference_server.domain_errors import NotAuthenticated
 from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.settings import Settings
+from oasst_inference_server.streams.fanout import StreamFanout
 from oasst_inference_server.submission import SubmissionService
 from oasst_shared.schemas import SchedulingRequest
 
@@ -58,6 +59,7 @@ async def get_db(connection: HTTPConnection) -> AsyncIterator[AsyncSession]:
 
 SettingsDep = Annotated[Settings, Depends(_from_app_state("settings"))]
 BrokerDep = Annotated[Broker, Depends(_from_app_state("broker"))]
+StreamFanoutDep = Annotated[StreamFanout, Depends(_from_app_state("stream_fanout"))]
 RegistryDep = Annotated[WorkerRegistry, Depends(_from_app_state("registry"))]
 LifecycleDep = Annotated[MessageLifecycle, Depends(_from_app_state("lifecycle"))]
 DispatchersDep = Annotated[Dispatchers, Depends(_from_app_state("dispatchers"))]

@@ -142,6 +142,15 @@ async def add_prompter_message(
 ) -> DbMessage:
     """Add the user's message (committed): the chat's first message, or a reply to a finished assistant
     message of the chat (``InvalidRequest`` otherwise). It becomes the tail of the chat's active thread."""
+    message = await stage_prompter_message(session, chat, parent_id, content)
+    await session.commit()
+    return message
+
+
+async def stage_prompter_message(
+    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str
+) -> DbMessage:
+    """As :func:`add_prompter_message`, flushed but not committed: the caller commits it with more."""
     if parent_id is None:
         has_root = (
             await session.exec(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
@@ -169,7 +178,7 @@ async def add_prompter_message(
     if chat.title is None:
         chat.title = title_from_prompt(content)
     session.add(chat)
-    await session.commit()
+    await session.flush()
     return message
 
 

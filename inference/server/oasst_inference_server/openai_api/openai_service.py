@@ -34,7 +34,6 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.caller import Caller
-from oasst_inference_server.broker import Broker
 from oasst_inference_server.chats.chat_store import title_from_prompt
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
@@ -47,6 +46,7 @@ from oasst_inference_server.domain_errors import (
 )
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.event_reader import read_message_events
+from oasst_inference_server.streams.fanout import StreamFanout
 from oasst_inference_server.submission import SubmissionService
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ModelKind
@@ -89,14 +89,14 @@ class OpenAIService:
         self,
         settings: Settings,
         session_factory: async_sessionmaker[AsyncSession],
-        broker: Broker,
+        fanout: StreamFanout,
         lifecycle: MessageLifecycle,
         registry: WorkerRegistry,
         submission: SubmissionService,
     ):
         self.settings = settings
         self._sessions = session_factory
-        self._broker = broker
+        self._fanout = fanout
         self._lifecycle = lifecycle
         self._registry = registry
         self._submission = submission
@@ -243,7 +243,7 @@ class OpenAIService:
         """The message's events, decoded, in batches (one per broker read); ends after the terminal
         one, or early if the client left."""
         reader = read_message_events(
-            self._lifecycle, self._broker, self.settings, message_id, None, is_disconnected
+            self._lifecycle, self._fanout, self.settings, message_id, None, is_disconnected
         )
         async with aclosing(reader) as batches:
             async for batch in batches:

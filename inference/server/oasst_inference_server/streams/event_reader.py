@@ -13,6 +13,7 @@ from oasst_inference_server.db.models import utcnow
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.settings import Settings
+from oasst_inference_server.streams.fanout import StreamFanout, Subscription
 from oasst_inference_server.streams.sse import SseEvent
 from oasst_shared.schemas import MessageState
 
@@ -21,7 +22,7 @@ _TERMINAL_GRACE_SECONDS = 2.0
 
 async def read_message_events(
     lifecycle: MessageLifecycle,
-    broker: Broker,
+    fanout: StreamFanout,
     settings: Settings,
     message_id: str,
     after: str | None,
@@ -29,11 +30,12 @@ async def read_message_events(
 ) -> AsyncGenerator[list[SseEvent], None]:
     """The events of one message as batches of sse-starlette dicts (``id`` only for stored events).
 
-    A batch is what one broker read returned (never empty), so a reader that fell behind catches up
+    A batch is what one read returned (never empty), so a reader that fell behind catches up
     in one write to its client rather than one per token. Stored events come from the broker stream
-    after ``after``; while the message waits, a ``pending`` event with its queue position (its place in
-    the fair queue's dispatch order) and estimated wait is added every ``pending_update_interval``; it ends after exactly one terminal
-    event, rebuilt from the database when the stream has expired.
+    after ``after``, through this process's one reader of that stream (:mod:`.fanout`); while the
+    message waits, a ``pending`` event with its queue position (its place in the fair queue's dispatch
+    order) and estimated wait is added every ``pending_update_interval``; it ends after exactly one
+    terminal event, rebuilt from the database when the stream has expired.
     """
     stream = events.stream_name(message_id)
     message = await lifecycle.get(message_id)
@@ -41,45 +43,44 @@ async def read_message_events(
         return
     if message.state == MessageState.pending and after is None:
         yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
-    if after is not None and (gap := await _gap_event(broker, stream, after)) is not None:
+    if after is not None and (gap := await _gap_event(fanout.broker, stream, after)) is not None:
         yield [{"data": gap}]
-    while True:
-        try:
-            entries = await broker.read_events(stream, after, timeout=settings.pending_update_interval)
-        except BrokerError as exc:
-            # Redis is down: keep the reader, follow the database until it is back.
-            logger.warning("event stream of {} unavailable: {}", message_id, exc)
-            await asyncio.sleep(settings.pending_update_interval)
-            entries = []
-        if entries:
-            batch, ended = _up_to_terminal(entries)
-            yield batch
-            if ended:
-                return
-            after = entries[-1].id
-            continue
-        if await is_disconnected():
-            return
-        message = await lifecycle.get(message_id)
-        if message is None:
-            return
-        state = MessageState(message.state)
-        if state.is_terminal:
-            # The database is updated just before the terminal event is appended: give it a moment
-            # to land, so the reader gets it with its id. Without a stream (expired), the
-            # database has the final word.
-            recent = message.finished_at is None or (utcnow() - message.finished_at).total_seconds() < 30
-            grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
-            while late := await _read_quietly(broker, stream, after, grace):
-                batch, ended = _up_to_terminal(late)
+    async with fanout.subscribe(stream, after) as subscription:
+        while True:
+            try:
+                entries = await subscription.read(timeout=settings.pending_update_interval)
+            except BrokerError as exc:
+                # Redis is down: keep the reader, follow the database until it is back.
+                logger.warning("event stream of {} unavailable: {}", message_id, exc)
+                await asyncio.sleep(settings.pending_update_interval)
+                entries = []
+            if entries:
+                batch, ended = _up_to_terminal(entries)
                 yield batch
                 if ended:
                     return
-                after = late[-1].id
-            yield [{"data": lifecycle.final_event(message)}]
-            return
-        if state == MessageState.pending:
-            yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
+                continue
+            if await is_disconnected():
+                return
+            message = await lifecycle.get(message_id)
+            if message is None:
+                return
+            state = MessageState(message.state)
+            if state.is_terminal:
+                # The database is updated just before the terminal event is appended: give it a moment
+                # to land, so the reader gets it with its id. Without a stream (expired), the
+                # database has the final word.
+                recent = message.finished_at is None or (utcnow() - message.finished_at).total_seconds() < 30
+                grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
+                while late := await _read_quietly(subscription, grace):
+                    batch, ended = _up_to_terminal(late)
+                    yield batch
+                    if ended:
+                        return
+                yield [{"data": lifecycle.final_event(message)}]
+                return
+            if state == MessageState.pending:
+                yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
 
 
 async def _gap_event(broker: Broker, stream: str, after: str) -> str | None:
@@ -107,8 +108,8 @@ def _up_to_terminal(entries: list[StreamEntry]) -> tuple[list[SseEvent], bool]:
     return batch, False
 
 
-async def _read_quietly(broker: Broker, stream: str, after: str | None, timeout: float) -> list[StreamEntry]:
+async def _read_quietly(subscription: Subscription, timeout: float) -> list[StreamEntry]:
     try:
-        return await broker.read_events(stream, after, timeout=timeout)
+        return await subscription.read(timeout)
     except BrokerError:
         return []

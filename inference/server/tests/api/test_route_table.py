@@ -103,6 +103,7 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("DELETE", "/chats/{chat_id}"): (Access.USER, True),
     ("POST", "/chats/{chat_id}/prompter_message"): (Access.USER, True),
     ("POST", "/chats/{chat_id}/assistant_message"): (Access.USER, True),
+    ("POST", "/chats/{chat_id}/turns"): (Access.USER, True),
     ("GET", "/chats/{chat_id}/messages/{message_id}"): (Access.USER, True),
     ("POST", "/chats/{chat_id}/messages/{message_id}/cancel"): (Access.USER, True),
     ("GET", "/chats/{chat_id}/messages/{message_id}/events"): (Access.USER, True),
@@ -144,6 +145,12 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/chats/{chat_id}/assistant_message"): {
         "parent_id": "{prompter_id}",
         "model_config_name": "{model}",
+    },
+    # A model no worker serves: the turn is refused (400) after the chat was found, so it never streams.
+    ("POST", "/chats/{chat_id}/turns"): {
+        "parent_id": "{message_id}",
+        "content": "hi",
+        "model_config_name": "no-such-model",
     },
     ("POST", "/chats/{chat_id}/messages/{message_id}/votes"): {"score": 1},
     ("PUT", "/admin/users/{user_id}/tier"): {"tier": "standard"},

@@ -16,6 +16,7 @@ from oasst_inference_server.api.deps import (
     SchedulingDep,
     SessionDep,
     SettingsDep,
+    StreamFanoutDep,
     SubmissionDep,
 )
 from oasst_inference_server.broker import is_stream_id
@@ -29,8 +30,10 @@ from oasst_inference_server.chats.chat_store import (
     message_read_with_feedback,
     to_chat_list_read,
 )
+from oasst_inference_server.db.models import new_id
 from oasst_inference_server.dispatch.message_lifecycle import to_message_read
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue
+from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.event_reader import read_message_events
 from oasst_inference_server.streams.reader_slots import ReaderLease, acquire_reader
 from oasst_inference_server.streams.sse import SseEvent, encode_sse
@@ -38,7 +41,9 @@ from oasst_shared.schemas import (
     ChatRead,
     CreateAssistantMessageRequest,
     CreateChatRequest,
+    CreatedEvent,
     CreatePrompterMessageRequest,
+    CreateTurnRequest,
     ErrorBody,
     ListChatsResponse,
     MessageRead,
@@ -151,6 +156,58 @@ async def create_assistant_message(
     return to_message_read(message)
 
 
+@router.post(
+    "/{chat_id}/turns",
+    response_class=EventSourceResponse,
+    responses={
+        **_ID_ERRORS,
+        200: {
+            "content": {"text/event-stream": {}},
+            "description": "A `created` event with both messages, then the answer's events",
+        },
+        400: {"model": ErrorBody, "description": "Bad parent message or unknown model"},
+        409: {"model": ErrorBody, "description": "The chat has reached max_messages_per_chat"},
+        422: {"model": ErrorBody, "description": "Empty or too long message, or an invalid request"},
+        429: {"model": ErrorBody, "description": "Rate or concurrency limit reached (see Retry-After)"},
+        503: {"model": ErrorBody, "description": "No worker serves the model, or its queue is full"},
+    },
+)
+async def create_turn(
+    request: Request,
+    chat_id: str,
+    body: CreateTurnRequest,
+    user: CurrentUser,
+    session: SessionDep,
+    submission: SubmissionDep,
+    scheduling: SchedulingDep,
+    broker: BrokerDep,
+    fanout: StreamFanoutDep,
+    lifecycle: LifecycleDep,
+    settings: SettingsDep,
+) -> EventSourceResponse:
+    """One call for a turn: add the user's message, queue the answer and stream it.
+
+    The same as ``prompter_message``, ``assistant_message`` and ``.../events`` in a row, in one round
+    trip, and both messages are created or neither. The stream starts with a ``created`` event holding
+    the two messages; if it breaks, resume it from ``.../messages/{assistant id}/events`` with
+    ``Last-Event-ID``. Refusals (limits, unknown model...) are ordinary JSON errors, before any event.
+    """
+    # The reader's slots first: a turn whose answer could not be read is refused before it is created.
+    answer_id = new_id()
+    lease = await acquire_reader(broker, settings, user.id, answer_id)
+    try:
+        prompt, answer = await submission.turn_in_chat(session, user, chat_id, body, scheduling, answer_id)
+    except BaseException:
+        await lease.release()
+        raise
+    created = CreatedEvent(
+        prompter_message=to_message_read(prompt), assistant_message=to_message_read(answer)
+    )
+    await session.close()  # do not hold a database connection for the life of the stream
+    batches = read_message_events(lifecycle, fanout, settings, answer.id, None, request.is_disconnected)
+    return _event_stream(_encoded(batches, lease, first=[{"data": created.model_dump_json()}]), settings)
+
+
 @router.get("/{chat_id}/messages/{message_id}", response_model=MessageRead, responses=_ID_ERRORS)
 async def get_message(chat_id: str, message_id: str, user: CurrentUser, session: SessionDep) -> MessageRead:
     chat = await get_own_chat(session, user, chat_id)
@@ -186,6 +243,7 @@ async def message_events(
     user: CurrentUser,
     session: SessionDep,
     broker: BrokerDep,
+    fanout: StreamFanoutDep,
     lifecycle: LifecycleDep,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header()] = None,
@@ -205,20 +263,28 @@ async def message_events(
     lease = await acquire_reader(broker, settings, user.id, message.id)
     await session.close()  # do not hold a database connection for the life of the stream
     batches = read_message_events(
-        lifecycle, broker, settings, message_id, last_event_id, request.is_disconnected
+        lifecycle, fanout, settings, message_id, last_event_id, request.is_disconnected
     )
+    return _event_stream(_encoded(batches, lease), settings)
+
+
+def _event_stream(body: AsyncIterator[bytes], settings: Settings) -> EventSourceResponse:
     # no-cache rather than sse-starlette's no-store: the events are private either way (the request
     # carries Authorization, which shared caches must not store), and Chromium reports a streamed
     # no-store response read to its end as an aborted request, which the web page's tests forbid.
     return EventSourceResponse(
-        _encoded(batches, lease),
+        body,
         ping=int(settings.sse_ping_interval),
         headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
     )
 
 
-async def _encoded(batches: AsyncGenerator[list[SseEvent], None], lease: ReaderLease) -> AsyncIterator[bytes]:
+async def _encoded(
+    batches: AsyncGenerator[list[SseEvent], None], lease: ReaderLease, first: list[SseEvent] | None = None
+) -> AsyncIterator[bytes]:
     # One write per batch: a reader that fell behind catches up in one send, not one per token.
     async with lease.held(), aclosing(batches) as stream:
+        if first:
+            yield encode_sse(first)
         async for batch in stream:
             yield encode_sse(batch)

@@ -1,0 +1,139 @@
+"""POST /chats/{id}/turns: the user's message and the answer in one call, streamed back; both messages
+or neither; resumable from the answer's events route."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from oasst_inference_server.dispatch import events
+from oasst_shared.protocol import GeneratedText
+from tests.support.api import API, MAX_MESSAGES_PER_CHAT, assert_error, finish_message
+
+pytestmark = API
+
+
+def data_events(text: str) -> list[dict]:
+    return [json.loads(line[5:]) for line in text.splitlines() if line.startswith("data:")]
+
+
+async def post_turn(client, user, chat_id: str, body: dict):
+    # The in-process transport gives the response once the stream ended: bound the wait.
+    return await asyncio.wait_for(client.post(f"/chats/{chat_id}/turns", json=body, headers=user.headers), 30)
+
+
+async def new_chat(client, user) -> str:
+    return (await client.post("/chats", json={}, headers=user.headers)).json()["id"]
+
+
+async def chat_messages(client, user, chat_id: str) -> list[dict]:
+    chat = await client.get(f"/chats/{chat_id}", headers=user.headers)
+    assert chat.status_code == 200, chat.text
+    return chat.json()["messages"]
+
+
+async def answer_as_a_worker(app, chat_id: str, text: str) -> str:
+    """Wait for the turn's pending answer, then claim it, stream two tokens and finish it."""
+    lifecycle, broker = app.state.lifecycle, app.state.broker
+    for _ in range(500):
+        queued = await broker.queued_ids(events.work_queue_name(app.state.live_model))
+        found = [await lifecycle.get(m) for m in queued]
+        pending = [m.id for m in found if m and m.chat_id == chat_id and m.state == "pending"]
+        if pending:
+            break
+        await asyncio.sleep(0.01)
+    else:
+        raise AssertionError("the turn's answer was never queued")
+    message_id = pending[0]
+    assert await lifecycle.claim(message_id, "ws-turns") is not None
+    half = len(text) // 2
+    await broker.append_events(
+        [(events.stream_name(message_id), events.token_event(t)) for t in (text[:half], text[half:])]
+    )
+    done = GeneratedText(message_id=message_id, text=text, finish_reason="eos_token", generated_tokens=2)
+    assert await lifecycle.complete("ws-turns", done)
+    return message_id
+
+
+async def test_a_turn_creates_both_messages_and_streams_the_answer(client, app, user, live_model):
+    app.state.live_model = live_model
+    chat_id = await new_chat(client, user)
+    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, "Hello back."))
+    response = await post_turn(
+        client, user, chat_id, {"content": "Hello there", "model_config_name": live_model}
+    )
+    answered = await worker
+    assert response.status_code == 200, response.text
+    assert response.headers["content-type"].startswith("text/event-stream")
+    stream = data_events(response.text)
+    created = stream[0]
+    assert created["event_type"] == "created"
+    prompt, answer = created["prompter_message"], created["assistant_message"]
+    assert prompt["role"] == "prompter" and prompt["content"] == "Hello there" and prompt["parent_id"] is None
+    assert answer["id"] == answered and answer["parent_id"] == prompt["id"] and answer["state"] == "pending"
+    assert "".join(e["text"] for e in stream if e["event_type"] == "token") == "Hello back."
+    assert stream[-1]["event_type"] == "message" and stream[-1]["message"]["content"] == "Hello back."
+    # The events carry ids: the answer can be read again (or resumed) from its events route.
+    again = await client.get(f"/chats/{chat_id}/messages/{answered}/events", headers=user.headers, timeout=30)
+    assert [e for e in data_events(again.text) if e["event_type"] != "pending"] == [
+        e for e in stream[1:] if e["event_type"] != "pending"
+    ]
+    messages = await chat_messages(client, user, chat_id)
+    assert [(m["id"], m["role"]) for m in messages] == [(prompt["id"], "prompter"), (answered, "assistant")]
+
+    # The next turn replies to the answer.
+    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, "Twice."))
+    second = await post_turn(
+        client, user, chat_id, {"parent_id": answered, "content": "Again", "model_config_name": live_model}
+    )
+    await worker
+    assert data_events(second.text)[0]["prompter_message"]["parent_id"] == answered
+    assert len(await chat_messages(client, user, chat_id)) == 4
+
+
+async def test_a_refused_turn_creates_nothing(client, app, user, live_model):
+    chat_id = await new_chat(client, user)
+    url = f"/chats/{chat_id}/turns"
+    assert_error(
+        await client.post(
+            url, json={"content": "hi", "model_config_name": "no-such-model"}, headers=user.headers
+        ),
+        400,
+        "unknown_model",
+    )
+    assert_error(
+        await client.post(url, json={"content": "  ", "model_config_name": live_model}, headers=user.headers),
+        422,
+        "empty_message",
+    )
+    unknown_parent = {"parent_id": "nope", "content": "hi", "model_config_name": live_model}
+    assert (await client.post(url, json=unknown_parent, headers=user.headers)).status_code in (400, 404)
+    assert await chat_messages(client, user, chat_id) == []
+    other = await client.post("/chats", json={}, headers=user.headers)
+    assert (
+        await client.post(
+            f"/chats/{other.json()['id']}/turns",
+            json={"content": "hi", "model_config_name": live_model},
+            headers={"Authorization": "Bearer nonsense"},
+        )
+    ).status_code == 401
+
+
+async def test_a_turn_that_would_overfill_the_chat_is_refused_whole(client, app, user, live_model):
+    app.state.live_model = live_model
+    chat_id = await new_chat(client, user)
+    parent = None
+    for i in range(MAX_MESSAGES_PER_CHAT // 2):
+        worker = asyncio.create_task(answer_as_a_worker(app, chat_id, f"answer {i}"))
+        body = {"parent_id": parent, "content": f"prompt {i}", "model_config_name": live_model}
+        turn = await post_turn(client, user, chat_id, body)
+        assert turn.status_code == 200, turn.text
+        parent = await worker
+    full = await client.post(
+        f"/chats/{chat_id}/turns",
+        json={"parent_id": parent, "content": "one more", "model_config_name": live_model},
+        headers=user.headers,
+    )
+    assert_error(full, 409, "chat_full")
+    assert len(await chat_messages(client, user, chat_id)) == MAX_MESSAGES_PER_CHAT
+    await finish_message(app, parent)
