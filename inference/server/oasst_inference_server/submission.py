@@ -26,7 +26,12 @@ from oasst_inference_server.admission.limits import (
 )
 from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.admission.request_bounds import check_system_prompt
-from oasst_inference_server.chats.chat_store import get_own_chat, get_parent_message, stage_prompter_message
+from oasst_inference_server.chats.chat_store import (
+    ChatSize,
+    get_own_chat,
+    get_parent_message,
+    stage_prompter_message,
+)
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, new_id, utcnow
 from oasst_inference_server.dispatch import fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
@@ -50,13 +55,14 @@ class SubmissionService:
 
     async def admit(
         self, session: AsyncSession, user_id: str, model_name: str, *, chat_id: str | None = None
-    ) -> None:
+    ) -> ChatSize | None:
         """May the user start a generation now (``RateLimited``), has the chat room for one more message
-        (``Conflict``), has the model's queue room (``ServiceUnavailable``)? Counted in the database."""
+        (``Conflict``), has the model's queue room (``ServiceUnavailable``)? Counted in the database.
+        Returns the chat's size, which the new message's ticket needs (None without a chat)."""
         await check_generation_limits(session, self._settings, user_id)
-        if chat_id is not None:
-            await check_chat_capacity(session, self._settings, chat_id)
+        size = await check_chat_capacity(session, self._settings, chat_id) if chat_id is not None else None
         await check_queue_capacity(session, self._settings, model_name)
+        return size
 
     async def submit(
         self,
@@ -66,10 +72,14 @@ class SubmissionService:
         requested: SchedulingRequest,
         *,
         chat: DbChat | None = None,
+        chat_characters: int | None = None,
     ) -> DbMessage:
         """Commit ``message`` as pending with its fair-queue ticket (and whatever else ``session`` holds;
-        ``chat``, if given, gets it as its newest message), then queue it."""
-        ticket = await fair_share.new_ticket(session, self._settings, message, requested, user=user)
+        ``chat``, if given, gets it as its newest message), then queue it. ``chat_characters``: the
+        length of the chat's messages, if :meth:`admit` measured it (the ticket then needs no query)."""
+        ticket = await fair_share.new_ticket(
+            session, self._settings, message, requested, user=user, chat_characters=chat_characters
+        )
         message.scheduling = ticket.model_dump(mode="json")
         session.add(message)
         if chat is not None:
@@ -143,7 +153,7 @@ class SubmissionService:
         model = await self._chat_model(request.model_config_name)
         check_capabilities(request.sampling_parameters, model)
         check_system_prompt(self._settings, request.system_prompt)
-        await self.admit(session, user.id, model.config.name, chat_id=chat.id)
+        size = await self.admit(session, user.id, model.config.name, chat_id=chat.id)
         message = DbMessage(
             id=message_id or new_id(),
             chat_id=chat.id,
@@ -155,7 +165,9 @@ class SubmissionService:
             system_prompt=request.system_prompt,
             enqueued_at=utcnow(),
         )
-        return await self.submit(session, message, user, requested, chat=chat)
+        return await self.submit(
+            session, message, user, requested, chat=chat, chat_characters=size.characters if size else None
+        )
 
     async def _chat_model(self, name: str) -> LiveModel:
         """The live model ``name``: ``InvalidRequest`` if unknown, ``ServiceUnavailable`` if no worker

@@ -10,7 +10,7 @@ from sqlalchemy import func
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from oasst_inference_server.chats.chat_store import count_chat_messages
+from oasst_inference_server.chats.chat_store import ChatSize, chat_size
 from oasst_inference_server.db.models import DbMessage
 from oasst_inference_server.domain_errors import Conflict, InvalidValue, ServiceUnavailable
 from oasst_inference_server.settings import Settings
@@ -27,12 +27,15 @@ def check_message_length(settings: Settings, content: str) -> None:
         )
 
 
-async def check_chat_capacity(session: AsyncSession, settings: Settings, chat_id: str) -> None:
-    if await count_chat_messages(session, chat_id) >= settings.max_messages_per_chat:
+async def check_chat_capacity(session: AsyncSession, settings: Settings, chat_id: str) -> ChatSize:
+    """``Conflict`` if the chat is full; else its size (a new answer's ticket needs its length)."""
+    size = await chat_size(session, chat_id)
+    if size.messages >= settings.max_messages_per_chat:
         raise Conflict(
             "chat_full",
             f"the chat has reached {settings.max_messages_per_chat} messages: start a new chat",
         )
+    return size
 
 
 async def check_queue_capacity(session: AsyncSession, settings: Settings, model_config_name: str) -> None:

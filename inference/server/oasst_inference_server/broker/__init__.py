@@ -7,7 +7,13 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from oasst_inference_server.broker.base import Broker, BrokerError, StreamEntry, WorkerSessionRecord
+from oasst_inference_server.broker.base import (
+    Broker,
+    BrokerError,
+    PoppedWork,
+    StreamEntry,
+    WorkerSessionRecord,
+)
 from oasst_inference_server.broker.fair import QueuedHint, QueueSnapshot, dispatch_order
 from oasst_inference_server.broker.keys import StreamId, is_stream_id, parse_stream_id, stream_id_after
 from oasst_inference_server.broker.memory import InMemoryBroker
@@ -57,6 +63,7 @@ __all__ = [
     "Broker",
     "BrokerError",
     "InMemoryBroker",
+    "PoppedWork",
     "QueueSnapshot",
     "QueuedHint",
     "RedisBroker",

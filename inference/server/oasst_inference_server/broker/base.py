@@ -44,6 +44,11 @@ class WorkerSessionRecord(NamedTuple):
     data: str  # JSON describing the session (capacity, in-flight work, ...)
 
 
+class PoppedWork(NamedTuple):
+    message_id: str
+    job: str  # the note pushed with the hint ("" if none)
+
+
 class BrokerError(RuntimeError):
     """The broker is unreachable or answered unexpectedly."""
 
@@ -62,16 +67,27 @@ class Broker(abc.ABC):
 
     # ------------------------------------------------------------ work queues
     @abc.abstractmethod
-    async def push_work(self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0) -> None:
+    async def push_work(
+        self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0, job: str = ""
+    ) -> None:
         """Add a hint that ``message_id`` of ``user`` waits in ``queue``.
 
         ``cost`` is what serving it adds to the user's counter: estimated tokens divided by the
-        user's weight. Hints of one user pop in the order they were pushed.
+        user's weight. Hints of one user pop in the order they were pushed. ``job`` is a short note
+        that comes back with the hint from :meth:`pop_hint` (what the dispatcher needs to place the
+        job without reading the message). Notes are kept per message: a later note replaces an
+        earlier one, and the first pop of the message takes it (a duplicate hint brings back "").
         """
 
     @abc.abstractmethod
+    async def pop_hint(self, queue: str, timeout: float) -> PoppedWork | None:
+        """Take the next hint in fair order with its job note, waiting up to ``timeout`` seconds; None
+        if none came."""
+
     async def pop_work(self, queue: str, timeout: float) -> str | None:
-        """Take the next hint in fair order, waiting up to ``timeout`` seconds; None if none came."""
+        """:meth:`pop_hint` without the note: the message id only."""
+        popped = await self.pop_hint(queue, timeout)
+        return None if popped is None else popped.message_id
 
     @abc.abstractmethod
     async def charge(self, queue: str, user: str, amount: float) -> None:

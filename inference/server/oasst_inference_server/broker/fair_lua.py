@@ -6,6 +6,7 @@ Keys of one queue, all under the queue's base name ``KEYS[1]`` (``<prefix>queue:
 * ``counters``  hash: user -> counter, idle users included (a returning user's counter is lifted);
 * ``u:<user>``  list: that user's waiting message ids, oldest first;
 * ``meta``      hash: message id -> ``"<cost> <user>"``;
+* ``job``       hash: message id -> the job note pushed with its hint (only where one was given);
 * ``served``    string: the counter of the user served last (the floor when nobody waits);
 * ``len``       string: how many hints wait;
 * ``wake``      list: one token per waiting hint; a blocked popper BLPOPs it, then runs ``POP``.
@@ -26,7 +27,7 @@ local function floor_counter()
 end
 """
 
-# ARGV: message id, user, cost, credit
+# ARGV: message id, user, cost, credit, job note ("" for none)
 PUSH = (
     _COMMON
     + """
@@ -41,13 +42,15 @@ if not redis.call('ZSCORE', base .. 'users', user) then
 end
 redis.call('RPUSH', base .. 'u:' .. user, msg)
 redis.call('HSET', base .. 'meta', msg, fmt(cost) .. ' ' .. user)
+if ARGV[5] and ARGV[5] ~= '' then redis.call('HSET', base .. 'job', msg, ARGV[5]) end
 redis.call('INCR', base .. 'len')
 redis.call('RPUSH', base .. 'wake', '1')
 return 1
 """
 )
 
-# ARGV: "1" to consume a wake token (the caller did not BLPOP one). Returns the message id or false.
+# ARGV: "1" to consume a wake token (the caller did not BLPOP one).
+# Returns {message id, job note or ""}, or false.
 POP = (
     _COMMON
     + """
@@ -78,7 +81,9 @@ while true do
         end
         if redis.call('DECR', base .. 'len') < 0 then redis.call('SET', base .. 'len', 0) end
         if ARGV[1] == '1' then redis.call('LPOP', base .. 'wake') end
-        return msg
+        local job = redis.call('HGET', base .. 'job', msg)
+        if job then redis.call('HDEL', base .. 'job', msg) end
+        return {msg, job or ''}
     end
     redis.call('ZREM', base .. 'users', user)
 end
@@ -94,6 +99,7 @@ local user = string.match(meta, '^%S+ (.*)$') or ''
 local list = base .. 'u:' .. user
 local removed = redis.call('LREM', list, 0, ARGV[1])
 redis.call('HDEL', base .. 'meta', ARGV[1])
+redis.call('HDEL', base .. 'job', ARGV[1])
 if removed > 0 then
     if redis.call('DECRBY', base .. 'len', removed) < 0 then redis.call('SET', base .. 'len', 0) end
     redis.call('LTRIM', base .. 'wake', removed, -1)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
-from oasst_inference_server.broker.base import Broker, StreamEntry, WorkerSessionRecord
+from oasst_inference_server.broker.base import Broker, PoppedWork, StreamEntry, WorkerSessionRecord
 from oasst_inference_server.broker.fair import FairQueue, QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import StreamId, parse_stream_id
 
@@ -42,6 +42,7 @@ class _WorkQueue:
     items: FairQueue
     # Blocked poppers, oldest first; a push hands its item straight to the first one still waiting.
     waiters: deque[asyncio.Future[QueuedHint | None]] = field(default_factory=deque)
+    jobs: dict[str, str] = field(default_factory=dict)  # message id -> the job note of its hint
 
 
 _END = object()
@@ -115,9 +116,13 @@ class InMemoryBroker(Broker):
             wq = self._queues[queue] = _WorkQueue(FairQueue(credit=self.fair_credit))
         return wq
 
-    async def push_work(self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0) -> None:
+    async def push_work(
+        self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0, job: str = ""
+    ) -> None:
         wq = self._queue(queue)
         wq.items.push(message_id, user, cost)
+        if job:
+            wq.jobs[message_id] = job
         self._hand_over(queue, wq)
 
     def _hand_over(self, queue: str, wq: _WorkQueue) -> None:
@@ -126,11 +131,11 @@ class InMemoryBroker(Broker):
             if not waiter.done():
                 waiter.set_result(wq.items.pop())
 
-    async def pop_work(self, queue: str, timeout: float) -> str | None:
+    async def pop_hint(self, queue: str, timeout: float) -> PoppedWork | None:
         wq = self._queue(queue)
         hint = wq.items.pop()
         if hint is not None:
-            return hint.message_id
+            return PoppedWork(hint.message_id, wq.jobs.pop(hint.message_id, ""))
         if timeout <= 0 or self._closed:
             return None
         loop = asyncio.get_running_loop()
@@ -141,7 +146,9 @@ class InMemoryBroker(Broker):
         timer = loop.call_later(timeout, _resolve, waiter, None)
         try:
             handed_hint = await waiter
-            return None if handed_hint is None else handed_hint.message_id
+            if handed_hint is None:
+                return None
+            return PoppedWork(handed_hint.message_id, wq.jobs.pop(handed_hint.message_id, ""))
         except asyncio.CancelledError:
             handed = waiter.result() if waiter.done() and not waiter.cancelled() else None
             if handed is not None:
@@ -171,6 +178,7 @@ class InMemoryBroker(Broker):
         wq = self._queues.get(queue)
         if wq is not None:
             wq.items.remove(message_id)
+            wq.jobs.pop(message_id, None)
 
     # ------------------------------------------------------------ event streams
     def _next_id(self) -> StreamId:

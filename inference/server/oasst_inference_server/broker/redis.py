@@ -35,7 +35,13 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from oasst_inference_server.broker import fair_lua
-from oasst_inference_server.broker.base import Broker, BrokerError, StreamEntry, WorkerSessionRecord
+from oasst_inference_server.broker.base import (
+    Broker,
+    BrokerError,
+    PoppedWork,
+    StreamEntry,
+    WorkerSessionRecord,
+)
 from oasst_inference_server.broker.fair import QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
 
@@ -131,6 +137,14 @@ def _translated(operation: str) -> Iterator[None]:
         yield
     except (RedisError, OSError) as exc:
         raise BrokerError(f"redis {operation} failed: {type(exc).__name__}: {exc}") from exc
+
+
+def _popped(reply: Any) -> PoppedWork | None:
+    """The reply of the fair queue's POP script: ``[message id, job note]`` or nil."""
+    if reply is None:
+        return None
+    message_id, job = reply
+    return PoppedWork(str(message_id), str(job))
 
 
 class RedisBroker(Broker):
@@ -258,19 +272,21 @@ class RedisBroker(Broker):
             yield min(remaining, self._max_block)
 
     # ------------------------------------------------------------ work queues
-    async def push_work(self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0) -> None:
+    async def push_work(
+        self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0, job: str = ""
+    ) -> None:
         with _translated("push work"):
             await self._fair_push(
                 keys=[self.keys.queue(queue)],
-                args=[message_id, user, repr(float(cost)), repr(self.fair_credit)],
+                args=[message_id, user, repr(float(cost)), repr(self.fair_credit), job],
             )
 
-    async def pop_work(self, queue: str, timeout: float) -> str | None:
+    async def pop_hint(self, queue: str, timeout: float) -> PoppedWork | None:
         base = self.keys.queue(queue)
         with _translated("pop work"):
             popped = await self._fair_pop(keys=[base], args=["1"])
             if popped is not None or timeout <= 0 or self._closed:
-                return None if popped is None else str(popped)
+                return _popped(popped)
             # Lua cannot block: wait for a wake token (one per pushed hint), then pop in fair order.
             for block in self._block_steps(timeout):
                 token = await self._unless_closed(self._client.blpop([base + "wake"], _ms(block) / 1000))
@@ -278,7 +294,7 @@ class RedisBroker(Broker):
                     return None
                 popped = await self._fair_pop(keys=[base], args=["0" if token else "1"])
                 if popped is not None:
-                    return str(popped)
+                    return _popped(popped)
         return None
 
     async def charge(self, queue: str, user: str, amount: float) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import binascii
 from datetime import datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from sqlalchemy import ColumnElement, and_, delete, func, or_
 from sqlmodel import select
@@ -52,8 +52,21 @@ async def chat_messages(session: AsyncSession, chat_id: str) -> list[DbMessage]:
     return list(result.all())
 
 
-async def count_chat_messages(session: AsyncSession, chat_id: str) -> int:
-    return int((await session.exec(select(func.count()).where(DbMessage.chat_id == chat_id))).one())
+class ChatSize(NamedTuple):
+    messages: int
+    characters: int  # of every message's content: the prompt estimate of a new answer's ticket
+
+
+async def chat_size(session: AsyncSession, chat_id: str) -> ChatSize:
+    """How many messages the chat holds and how long they are, in one query."""
+    count, characters = (
+        await session.exec(
+            select(func.count(), func.coalesce(func.sum(func.length(DbMessage.content)), 0)).where(
+                DbMessage.chat_id == chat_id
+            )
+        )
+    ).one()
+    return ChatSize(int(count), int(characters))
 
 
 async def count_user_chats(session: AsyncSession, user_id: str) -> int:

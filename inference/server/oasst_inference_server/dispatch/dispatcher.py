@@ -32,7 +32,7 @@ class Assignable(Protocol):
     session_id: str
     capacity: WorkerCapacity
 
-    def assign(self, message_id: str) -> None: ...
+    def assign(self, message_id: str, max_new_tokens: int | None = None) -> None: ...
 
 
 class Requeuing(Protocol):
@@ -99,16 +99,17 @@ class ModelDispatcher:
                 await self._wait_for_change()
                 continue
             try:
-                message_id = await self._broker.pop_work(self.queue, timeout=1.0)
+                popped = await self._broker.pop_hint(self.queue, timeout=1.0)
             except BrokerError as exc:
                 # Redis is down or restarting: try again; the recovery loop re-queues what it lost.
                 logger.warning("dispatcher of {}: cannot read the work queue: {}", self.model, exc)
                 await asyncio.sleep(1.0)
                 continue
-            if message_id is None:
+            if popped is None:
                 continue
+            message_id = popped.message_id
             try:
-                await self._place(message_id)
+                await self._place(message_id, fair_share.Placement.parse(popped.job))
             except asyncio.CancelledError:
                 with contextlib.suppress(Exception):
                     await self._lifecycle.requeue(message_id)
@@ -119,23 +120,26 @@ class ModelDispatcher:
                     await self._lifecycle.requeue(message_id)
                 await asyncio.sleep(0.5)
 
-    async def _place(self, message_id: str) -> None:
+    async def _place(self, message_id: str, placement: fair_share.Placement | None) -> None:
+        """``placement``: what the hint carried (None for a hint pushed without it)."""
         capacities = self._capacities()
-        tokens = 0
-        trusted_only = False
-        # Only the KV-cache check needs the job's size (the ranking by speed does not), and only an
-        # untrusted worker that could take it needs the user's tier (trusted-only tiers).
-        if any(
-            c.kv_cache_free_tokens is not None or (c.takes_user_work and not c.trusted) for c in capacities
+        # Only the KV-cache check needs the job's size (the ranking by speed does not), and the user's
+        # tier matters only where some tier needs trusted workers and an untrusted one could take it:
+        # only then is a hint without its placement worth a read of the message.
+        if placement is None and any(
+            c.kv_cache_free_tokens is not None
+            or (self._trusted_only_tiers and c.takes_user_work and not c.trusted)
+            for c in capacities
         ):
             message = await self._lifecycle.get(message_id)
             if message is None or message.state != MessageState.pending:
                 return  # stale hint
             ticket = fair_share.stored_ticket(message)
-            tokens = ticket.prompt_tokens + ticket.max_new_tokens if ticket else 0
-            trusted_only = ticket.trusted_only if ticket else False
-            if self.max_total_length is not None:
-                tokens = min(tokens, self.max_total_length)
+            placement = ticket.placement() if ticket else None
+        tokens = placement.tokens if placement else 0
+        if self.max_total_length is not None:
+            tokens = min(tokens, self.max_total_length)
+        trusted_only = placement.trusted_only if placement else False
         chosen = choose_worker(capacities, tokens, trusted_only=trusted_only)
         if chosen is None:
             # No room after all (a worker left or filled), or too long for every free KV cache: the job
@@ -143,7 +147,7 @@ class ModelDispatcher:
             await self._lifecycle.requeue(message_id)
             await self._wait_for_change(_NO_FIT_BACKOFF)
             return
-        self.workers[chosen.session_id].assign(message_id)
+        self.workers[chosen.session_id].assign(message_id, placement.max_new_tokens if placement else None)
 
 
 class Dispatchers:

@@ -9,7 +9,7 @@ dispatch; when the worker reports the real counts the difference is charged (:fu
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 from sqlalchemy import func
@@ -24,6 +24,26 @@ from oasst_shared.schemas import SchedulingRequest
 CHARS_PER_TOKEN = 4
 
 
+class Placement(NamedTuple):
+    """What the dispatcher needs to place a job, carried by its queue hint so that placing it reads
+    nothing from the database."""
+
+    tokens: int  # prompt estimate plus max_new_tokens: the KV cache the job may need
+    max_new_tokens: int  # sets the claim's generation deadline
+    trusted_only: bool
+
+    def note(self) -> str:
+        return f"{self.tokens} {self.max_new_tokens} {int(self.trusted_only)}"
+
+    @classmethod
+    def parse(cls, note: str) -> Placement | None:
+        """The placement of a hint's job note; None for a note of another form (or none)."""
+        parts = note.split()
+        if len(parts) != 3 or not all(part.isdigit() for part in parts) or parts[2] not in ("0", "1"):
+            return None
+        return cls(int(parts[0]), int(parts[1]), parts[2] == "1")
+
+
 class Ticket(BaseModel):
     user: str = Field(max_length=64)
     prompt_tokens: int = Field(ge=0)
@@ -33,6 +53,9 @@ class Ticket(BaseModel):
     queue_timeout: float | None = None  # the request's own, if shorter than the setting
     # The user's tier is one of settings.trusted_workers_only_tiers: only trusted workers may answer.
     trusted_only: bool = False
+
+    def placement(self) -> Placement:
+        return Placement(self.prompt_tokens + self.max_new_tokens, self.max_new_tokens, self.trusted_only)
 
     def timeout(self, settings: Settings) -> float:
         return min(settings.queue_timeout, self.queue_timeout or settings.queue_timeout)
@@ -63,9 +86,11 @@ async def new_ticket(
     requested: SchedulingRequest | None = None,
     *,
     user: DbUser | None = None,
+    chat_characters: int | None = None,
 ) -> Ticket:
-    """The message's ticket. Routes pass the ``user`` they have (two queries fewer) and call this in the
-    transaction that inserts the message, so queuing it costs no extra round trip."""
+    """The message's ticket. Routes pass the ``user`` they have (two queries fewer) and the length of
+    the chat's messages if admission measured it (one fewer), and call this in the transaction that
+    inserts the message, so queuing it costs no extra round trip."""
     requested = requested or SchedulingRequest()
     if user is not None:
         user_id: str | None = user.id
@@ -77,7 +102,9 @@ async def new_ticket(
         tier = None
         if user_id is not None:
             tier = (await session.exec(select(DbUser.tier).where(DbUser.id == user_id))).first()
-    if message.kind == "chat" and message.chat_id is not None:
+    if message.kind == "chat" and message.chat_id is not None and chat_characters is not None:
+        chars = chat_characters + len(message.system_prompt or "")
+    elif message.kind == "chat" and message.chat_id is not None:
         chars = (
             await session.exec(
                 select(func.coalesce(func.sum(func.length(DbMessage.content)), 0)).where(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 from loguru import logger
 from pydantic import ValidationError
@@ -29,6 +29,7 @@ from oasst_inference_server.settings import Settings
 from oasst_shared.chat_template import cut_to_budget
 from oasst_shared.protocol import (
     MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
     Cancel,
     ChatTurn,
     Embeddings,
@@ -36,6 +37,7 @@ from oasst_shared.protocol import (
     GeneratedText,
     Work,
     dump_frame,
+    dump_work,
     frame_bytes,
 )
 from oasst_shared.sampling import SamplingParameters
@@ -49,6 +51,14 @@ ACTIVE_STATES = (MessageState.pending, MessageState.in_progress)
 class UnsendableMessage(Exception):
     """The message cannot become a work frame (text no frame may carry, or over the frame limit): it
     fails alone, with this as its error, and no worker or other message is touched."""
+
+
+class Claimed(NamedTuple):
+    """A claimed message's job, and its frame as the claiming worker's protocol version reads it
+    (built once: its size is checked, then it is sent as it is)."""
+
+    work: Work | EmbedWork
+    frame: str
 
 
 def to_message_read(message: DbMessage) -> MessageRead:
@@ -175,6 +185,7 @@ class MessageLifecycle:
             message.id,
             user=ticket.user,
             cost=ticket.estimated_cost(self._settings),
+            job=ticket.placement().note(),
         )
 
     async def requeue(self, message_id: str) -> None:
@@ -207,16 +218,28 @@ class MessageLifecycle:
             logger.warning("fair-share correction of {} not applied: {}", message.id, exc)
 
     async def claim(
-        self, message_id: str, session_id: str, *, max_input_tokens: int | None = None
-    ) -> Work | EmbedWork | None:
+        self,
+        message_id: str,
+        session_id: str,
+        *,
+        max_input_tokens: int | None = None,
+        max_new_tokens: int | None = None,
+        protocol_version: int = PROTOCOL_VERSION,
+    ) -> Claimed | None:
         """Atomically take a pending message for a worker session; None if someone else has it.
 
         One transaction: the conditional UPDATE returns the claimed row (RETURNING, on Postgres and
         SQLite alike), the conversation is read in the same transaction, then it commits. The
         conversation is cut to ``max_input_tokens`` (the worker's model's input budget) first.
+        ``max_new_tokens`` (the message's, as its ticket says) lets the UPDATE set the generation
+        deadline too; without it, or if the message asks for another number, a second UPDATE sets it.
+        The frame is built for a worker speaking ``protocol_version``.
         Raises :class:`UnsendableMessage` (the claim rolled back) for a message no frame can carry.
         """
         now = utcnow()
+        deadline: dict[str, datetime] = {}
+        if max_new_tokens is not None:
+            deadline["generation_deadline"] = self._generation_deadline(now, max_new_tokens)
         async with self._sessions() as session:
             claimed = (
                 await session.exec(
@@ -228,6 +251,7 @@ class MessageLifecycle:
                         lease_deadline=now + timedelta(seconds=self._settings.lease_seconds),
                         started_at=now,
                         attempts=DbMessage.attempts + 1,
+                        **deadline,
                     )
                     .returning(DbMessage)
                 )
@@ -242,21 +266,25 @@ class MessageLifecycle:
                 raise UnsendableMessage(
                     f"the conversation cannot be sent to a worker: {_first_error(exc)}"
                 ) from None
-            size = frame_bytes(dump_frame(work))
+            frame = dump_work(work, protocol_version) if isinstance(work, Work) else dump_frame(work)
+            size = frame_bytes(frame)
             if size > MAX_FRAME_BYTES:
                 await session.rollback()
                 raise UnsendableMessage(
                     f"the conversation is {size} bytes, more than the worker frame limit of {MAX_FRAME_BYTES}"
                 )
-            max_new_tokens = work.sampling_parameters.max_new_tokens if isinstance(work, Work) else 0
-            bound = self._settings.in_progress_bound(max_new_tokens)
-            await session.exec(
-                update(DbMessage)
-                .where(DbMessage.id == message_id)
-                .values(generation_deadline=now + timedelta(seconds=bound))
-            )
+            asked = work.sampling_parameters.max_new_tokens if isinstance(work, Work) else 0
+            if asked != max_new_tokens:
+                await session.exec(
+                    update(DbMessage)
+                    .where(DbMessage.id == message_id)
+                    .values(generation_deadline=self._generation_deadline(now, asked))
+                )
             await session.commit()
-            return work
+            return Claimed(work, frame)
+
+    def _generation_deadline(self, now: datetime, max_new_tokens: int) -> datetime:
+        return now + timedelta(seconds=self._settings.in_progress_bound(max_new_tokens))
 
     async def _work_frame(
         self, session: AsyncSession, message: DbMessage, max_input_tokens: int | None = None

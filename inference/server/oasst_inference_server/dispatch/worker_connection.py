@@ -143,7 +143,8 @@ class WorkerConnection:
         self.draining = False
         # What the dispatcher ranks this worker by; ``in_flight`` there counts assigned jobs too.
         self.capacity = WorkerCapacity(self.session_id, declared_slots=info.max_parallel_requests)
-        self._assigned: asyncio.Queue[str] = asyncio.Queue()
+        # Assigned jobs: (message id, its max_new_tokens if the dispatcher knew it).
+        self._assigned: asyncio.Queue[tuple[str, int | None]] = asyncio.Queue()
         self._claiming = 0
         self._dispatcher = dispatcher
         self._send_lock = asyncio.Lock()
@@ -166,12 +167,14 @@ class WorkerConnection:
     def free_slots(self) -> int:
         return self.capacity.free_slots
 
-    def assign(self, message_id: str) -> None:
-        """Reserve a slot for ``message_id`` (the dispatcher chose this worker); ``_dispatch`` sends it."""
+    def assign(self, message_id: str, max_new_tokens: int | None = None) -> None:
+        """Reserve a slot for ``message_id`` (the dispatcher chose this worker); ``_dispatch`` sends it.
+        ``max_new_tokens``, where the dispatcher knows it, lets the claim set the generation deadline in
+        its one UPDATE."""
         self.capacity.in_flight += 1
         if self.capacity.reported_free_slots is not None:
             self.capacity.reported_free_slots -= 1
-        self._assigned.put_nowait(message_id)
+        self._assigned.put_nowait((message_id, max_new_tokens))
 
     def _capacity_changed_quietly(self) -> None:
         self.capacity.available = self.backend_healthy and not self.draining
@@ -398,11 +401,15 @@ class WorkerConnection:
 
     async def _dispatch(self) -> None:
         while True:
-            message_id = await self._assigned.get()
+            message_id, max_new_tokens = await self._assigned.get()
             self._claiming += 1
             try:
-                work = await self._lifecycle.claim(
-                    message_id, self.session_id, max_input_tokens=self.info.model_config_.max_input_length
+                claimed = await self._lifecycle.claim(
+                    message_id,
+                    self.session_id,
+                    max_input_tokens=self.info.model_config_.max_input_length,
+                    max_new_tokens=max_new_tokens,
+                    protocol_version=self.protocol_version,
                 )
             except UnsendableMessage as exc:
                 # The message itself is at fault: it fails alone; the worker never sees it.
@@ -433,9 +440,10 @@ class WorkerConnection:
                 await asyncio.sleep(1.0)
                 continue
             self._claiming -= 1
-            if work is None:
+            if claimed is None:
                 self._capacity_changed()
                 continue  # stale hint: the message was taken, cancelled or finished meanwhile
+            work = claimed.work
             self.in_flight.add(message_id)
             self._capacity_changed()
             if isinstance(work, Work):
@@ -447,7 +455,7 @@ class WorkerConnection:
             metrics.IN_FLIGHT.labels(self.model_name).inc()
             logger.info("message {} -> worker {} (attempt {})", message_id, self.session_id, work.attempt)
             try:
-                await self._send(work)
+                await self._send_text(claimed.frame)
             except BaseException:
                 self._done(message_id)
                 with contextlib.suppress(Exception):
@@ -647,7 +655,11 @@ class WorkerConnection:
                 delay = min(delay * 2, _OUTAGE_MAX_DELAY)
 
     async def _send(self, frame: BaseModel) -> None:
-        text = dump_work(frame, self.protocol_version) if isinstance(frame, Work) else dump_frame(frame)
+        await self._send_text(
+            dump_work(frame, self.protocol_version) if isinstance(frame, Work) else dump_frame(frame)
+        )
+
+    async def _send_text(self, text: str) -> None:
         async with self._send_lock:
             await self.websocket.send_text(text)
 
@@ -685,7 +697,7 @@ class WorkerConnection:
             await self._dispatcher.detach(self)
         while not self._assigned.empty():  # assigned but never claimed: back to the queue
             with contextlib.suppress(Exception):
-                await self._lifecycle.requeue(self._assigned.get_nowait())
+                await self._lifecycle.requeue(self._assigned.get_nowait()[0])
         reason = close.reason if close else "connection ended"
         metrics.WORKERS_CONNECTED.labels(self.model_name).dec()
         for message_id in list(self.in_flight):

@@ -16,7 +16,14 @@ from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.message_lifecycle import UnsendableMessage
 from oasst_shared.chat_template import MAX_CHARS_PER_TOKEN
 from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import MAX_FRAME_BYTES, GeneratedText, Work
+from oasst_shared.protocol import (
+    MAX_FRAME_BYTES,
+    MIN_SUPPORTED_PROTOCOL_VERSION,
+    GeneratedText,
+    Work,
+    dump_frame,
+    dump_work,
+)
 from tests.support.api import API, answer, finish_message, start_chat
 
 pytestmark = API
@@ -44,9 +51,20 @@ async def test_a_conversation_over_the_frame_limit_fails_alone_at_claim(client, 
     # The claim rolled back: the attempt is not spent, and only this message is affected.
     assert (await message(app, big.assistant_id)).state == "pending"
     assert (await message(app, big.assistant_id)).attempts == 0
-    work = await lifecycle.claim(small.assistant_id, "ws-test", max_input_tokens=1536)
+    claimed = await lifecycle.claim(small.assistant_id, "ws-test", max_input_tokens=1536)
+    assert claimed is not None
+    work = claimed.work
     assert isinstance(work, Work) and work.thread[-1].content == "an ordinary question"
+    assert claimed.frame == dump_frame(work)  # built once: checked, then sent as it is
     assert (await message(app, small.assistant_id)).generation_deadline is not None
+    older = await start_chat(client, user, "from an older worker", live_model)
+    claimed = await lifecycle.claim(
+        older.assistant_id, "ws-old", protocol_version=MIN_SUPPORTED_PROTOCOL_VERSION
+    )
+    assert claimed is not None and isinstance(claimed.work, Work)
+    assert (
+        claimed.frame == dump_work(claimed.work, MIN_SUPPORTED_PROTOCOL_VERSION) != dump_frame(claimed.work)
+    )
 
 
 async def test_text_no_frame_may_carry_fails_at_claim(client, app, user, live_model):
@@ -77,7 +95,9 @@ async def test_the_conversation_is_cut_to_the_model_s_budget_before_it_is_sent(c
     answer_id = await answer(client, user, chat.chat_id, second.json()["id"], live_model)
     # The oldest turn alone is over a 100-token budget (in the server's generous character bound).
     await set_content(app, chat.prompter_id, "q" * (100 * MAX_CHARS_PER_TOKEN))
-    work = await app.state.lifecycle.claim(answer_id, "ws-test", max_input_tokens=100)
+    claimed = await app.state.lifecycle.claim(answer_id, "ws-test", max_input_tokens=100)
+    assert claimed is not None
+    work = claimed.work
     assert isinstance(work, Work)
     assert [(t.role, t.content) for t in work.thread] == [
         ("assistant", "first answer"),
@@ -169,3 +189,22 @@ async def test_a_cancel_that_races_a_claim_still_stops_the_worker(client, app, u
     assert (await message(app, chat.assistant_id)).state == "cancelled"
     # The racer's pongs keep asking it to stop until it answers.
     assert await lifecycle.extend_leases("ws-racer", [chat.assistant_id]) == [chat.assistant_id]
+
+
+async def test_the_claim_sets_the_generation_deadline_from_the_hints_max_new_tokens(
+    client, app, user, live_model
+):
+    """Given the max_new_tokens the hint carried, the claim's one UPDATE sets the generation deadline;
+    a number that is not the message's (or none) is corrected before the claim commits."""
+    settings, lifecycle = app.state.settings, app.state.lifecycle
+    for told in ("right", "wrong", None):
+        chat = await start_chat(client, user, f"deadline {told}", live_model)
+        asked = (await message(app, chat.assistant_id)).sampling_parameters["max_new_tokens"]
+        guess = {"right": asked, "wrong": asked + 1000, None: None}[told]
+        claimed = await lifecycle.claim(chat.assistant_id, "ws-test", max_new_tokens=guess)
+        assert claimed is not None and isinstance(claimed.work, Work)
+        assert claimed.work.sampling_parameters.max_new_tokens == asked
+        claimed = await message(app, chat.assistant_id)
+        assert claimed.generation_deadline is not None and claimed.started_at is not None
+        seconds = (claimed.generation_deadline - claimed.started_at).total_seconds()
+        assert seconds == pytest.approx(settings.in_progress_bound(asked)), told

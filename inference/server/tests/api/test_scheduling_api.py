@@ -10,7 +10,7 @@ from sqlalchemy import update
 
 from oasst_inference_server.broker import WorkerSessionRecord
 from oasst_inference_server.db.models import DbMessage, utcnow
-from oasst_inference_server.dispatch import events
+from oasst_inference_server.dispatch import events, fair_share
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
 from tests.support.api import ADMIN, API, answer, assert_error, start_chat, trusted_header
 
@@ -188,3 +188,24 @@ async def test_a_full_queue_of_one_model_does_not_stop_another(client, app, logi
     for c in full:
         await client.post(f"/chats/{c.chat_id}/messages/{c.assistant_id}/cancel", headers=user.headers)
     await client.post(f"/chats/{conv.chat_id}/messages/{accepted}/cancel", headers=user.headers)
+
+
+async def test_an_answers_ticket_counts_the_chats_text_and_its_system_prompt(client, app, user, live_model):
+    """Admission measures the chat once; the ticket's prompt estimate is what a query of its own
+    finds (as on a re-queue): every message's text plus the system prompt, at 4 characters a token."""
+    conv = await start_chat(client, user, "x" * 400)
+    response = await client.post(
+        f"/chats/{conv.chat_id}/assistant_message",
+        json={"parent_id": conv.prompter_id, "model_config_name": live_model, "system_prompt": "s" * 40},
+        headers=user.headers,
+    )
+    assert response.status_code == 200, response.text
+    message_id = response.json()["id"]
+    ticket = await _ticket(app, message_id)
+    assert ticket["prompt_tokens"] == (400 + 40) // fair_share.CHARS_PER_TOKEN
+    async with app.state.session_factory() as session:
+        message = await session.get(DbMessage, message_id)
+        assert message is not None
+        recomputed = await fair_share.new_ticket(session, app.state.settings, message)
+    assert recomputed.prompt_tokens == ticket["prompt_tokens"]
+    await client.post(f"/chats/{conv.chat_id}/messages/{message_id}/cancel", headers=user.headers)

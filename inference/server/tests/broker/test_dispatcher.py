@@ -12,6 +12,7 @@ from oasst_inference_server.broker import Broker
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.capacity import WorkerCapacity
 from oasst_inference_server.dispatch.dispatcher import ModelDispatcher
+from oasst_inference_server.dispatch.fair_share import Placement
 
 BrokerFactory = Callable[..., Awaitable[Broker]]
 
@@ -24,10 +25,13 @@ class StubConnection:
     capacity: WorkerCapacity
     assigned: list[str] = field(default_factory=list)
 
-    def assign(self, message_id: str) -> None:
+    max_new_tokens: dict[str, int | None] = field(default_factory=dict)
+
+    def assign(self, message_id: str, max_new_tokens: int | None = None) -> None:
         assert self.capacity.free_slots > 0, "assigned over capacity"
         self.capacity.in_flight += 1
         self.assigned.append(message_id)
+        self.max_new_tokens[message_id] = max_new_tokens
 
 
 @dataclass
@@ -45,15 +49,18 @@ class StubLifecycle:
     queue: str
     sizes: dict[str, int] = field(default_factory=dict)
     requeued: list[str] = field(default_factory=list)
+    reads: list[str] = field(default_factory=list)
+    notes: dict[str, str] = field(default_factory=dict)  # placement notes, pushed again on a requeue
 
     async def get(self, message_id: str) -> StubMessage:
+        self.reads.append(message_id)
         tokens = self.sizes.get(message_id, 10)
         ticket = {"user": "", "prompt_tokens": tokens, "max_new_tokens": 0, "weight": 1.0}
         return StubMessage(message_id, scheduling=ticket)
 
     async def requeue(self, message_id: str) -> None:
         self.requeued.append(message_id)
-        await self.broker.push_work(self.queue, message_id)
+        await self.broker.push_work(self.queue, message_id, job=self.notes.get(message_id, ""))
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -164,4 +171,58 @@ async def test_a_trusted_only_job_waits_for_a_trusted_worker(broker: Broker) -> 
         await _until(lambda: untrusted.assigned == ["plain"])
     finally:
         await dispatcher.detach(untrusted)  # type: ignore[arg-type]
+        await dispatcher.detach(trusted)  # type: ignore[arg-type]
+
+
+async def test_placing_reads_no_message_where_nothing_depends_on_it(broker: Broker) -> None:
+    """Untrusted workers that report no KV cache, and no tier that needs trusted workers: a hint is
+    placed without reading its message (the claim is the one database step of a dispatch)."""
+    queue = events.work_queue_name("model-r")
+    lifecycle = StubLifecycle(broker, queue)
+    dispatcher = ModelDispatcher("model-r", broker, lifecycle)  # type: ignore[arg-type]
+    worker = StubConnection("untrusted", WorkerCapacity("untrusted", declared_slots=4, trusted=False))
+    dispatcher.attach(worker)  # type: ignore[arg-type]
+    try:
+        await broker.push_work(queue, "plain", user="u0")
+        await _until(lambda: worker.assigned == ["plain"])
+        assert lifecycle.reads == []
+        assert worker.max_new_tokens == {"plain": None}  # no note: the claim reads it itself
+    finally:
+        await dispatcher.detach(worker)  # type: ignore[arg-type]
+
+
+async def test_a_hints_placement_note_places_it_without_a_read(broker: Broker) -> None:
+    """A hint pushed with its placement (as the lifecycle pushes every hint) is placed by its note:
+    the KV-cache fit, the trusted-only rule and the max_new_tokens handed to the claim come from it.
+    A hint without a note still has its message read."""
+    queue = events.work_queue_name("model-n")
+    lifecycle = StubLifecycle(broker, queue, sizes={"old": 5000})
+    dispatcher = ModelDispatcher("model-n", broker, lifecycle, trusted_only_tiers=True)  # type: ignore[arg-type]
+    small = StubConnection("a-small", WorkerCapacity("a-small", declared_slots=4, kv_cache_free_tokens=1000))
+    dispatcher.attach(small)  # type: ignore[arg-type]
+    trusted = StubConnection(
+        "b-trusted", WorkerCapacity("b-trusted", declared_slots=2, kv_cache_free_tokens=8000, trusted=True)
+    )
+    lifecycle.notes = {
+        "fits": Placement(900, 500, False).note(),
+        "long": Placement(5000, 4000, False).note(),
+        "vip": Placement(10, 5, True).note(),
+    }
+    try:
+        await broker.push_work(queue, "fits", user="u1", job=lifecycle.notes["fits"])
+        await _until(lambda: small.assigned == ["fits"])
+        assert small.max_new_tokens == {"fits": 500}
+        await broker.push_work(queue, "long", user="u2", job=lifecycle.notes["long"])
+        await broker.push_work(queue, "vip", user="u3", job=lifecycle.notes["vip"])
+        await _until(lambda: {"long", "vip"} <= set(lifecycle.requeued))
+        assert small.assigned == ["fits"]  # too long for its KV cache; trusted-only
+        assert lifecycle.reads == []
+        dispatcher.attach(trusted)  # type: ignore[arg-type]
+        await _until(lambda: sorted(trusted.assigned) == ["long", "vip"])
+        assert trusted.max_new_tokens == {"long": 4000, "vip": 5}
+        await broker.push_work(queue, "old", user="u4")  # no note: read, and too long for a-small
+        await _until(lambda: "old" in lifecycle.reads)
+        assert "old" not in small.assigned
+    finally:
+        await dispatcher.detach(small)  # type: ignore[arg-type]
         await dispatcher.detach(trusted)  # type: ignore[arg-type]

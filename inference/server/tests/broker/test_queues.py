@@ -103,3 +103,33 @@ async def test_close_wakes_blocked_poppers(make_broker: BrokerFactory) -> None:
     await asyncio.sleep(0.1)
     await broker.close()
     assert await asyncio.wait_for(popper, 5.0) is None
+
+
+async def test_a_hint_brings_back_its_job_note(broker: Broker) -> None:
+    """pop_hint returns the note pushed with the hint, immediately and to a blocked popper alike; a
+    hint pushed without one, or a second hint of a message whose note was taken, brings back ""."""
+    await broker.push_work("q", "a", user="u", job="120 100 0")
+    await broker.push_work("q", "b", user="u")
+    popped = await broker.pop_hint("q", 1.0)
+    assert popped is not None and (popped.message_id, popped.job) == ("a", "120 100 0")
+    popped = await broker.pop_hint("q", 1.0)
+    assert popped is not None and (popped.message_id, popped.job) == ("b", "")
+
+    waiting = asyncio.create_task(broker.pop_hint("q", 10.0))
+    await asyncio.sleep(0.1)
+    await broker.push_work("q", "c", user="u", job="7 5 1")
+    popped = await asyncio.wait_for(waiting, 5.0)
+    assert popped is not None and (popped.message_id, popped.job) == ("c", "7 5 1")
+
+    await broker.push_work("q", "d", user="u", job="1 1 0")
+    await broker.push_work("q", "d", user="u")  # a duplicate hint (a re-queue raced the first)
+    assert [await broker.pop_hint("q", 1.0) for _ in range(2)] == [("d", "1 1 0"), ("d", "")]
+
+
+async def test_a_removed_hint_leaves_no_job_note(broker: Broker) -> None:
+    await broker.push_work("q", "m", user="u", job="9 8 0")
+    await broker.remove_work("q", "m")
+    await broker.push_work("q", "m", user="u")
+    popped = await broker.pop_hint("q", 1.0)
+    assert popped is not None and (popped.message_id, popped.job) == ("m", "")
+    assert await broker.pop_work("q", 0) is None
