@@ -131,17 +131,21 @@ async def create_prompter_message(
     return to_message_read(message)
 
 
+# What asking for an answer can meet (the assistant_message and turns routes).
+_ANSWER_ERRORS: dict[int | str, dict[str, Any]] = {
+    **_ID_ERRORS,
+    400: {"model": ErrorBody, "description": "Bad parent message or unknown model"},
+    429: {"model": ErrorBody, "description": "Rate or concurrency limit reached (see Retry-After)"},
+    409: {"model": ErrorBody, "description": "The chat has reached max_messages_per_chat"},
+    422: {"model": ErrorBody, "description": "Invalid request, or a system prompt over its limit"},
+    503: {"model": ErrorBody, "description": "No worker serves the model, or its queue is full"},
+}
+
+
 @router.post(
     "/{chat_id}/assistant_message",
     response_model=MessageRead,
-    responses={
-        **_ID_ERRORS,
-        400: {"model": ErrorBody, "description": "Bad parent message or unknown model"},
-        429: {"model": ErrorBody, "description": "Rate or concurrency limit reached (see Retry-After)"},
-        409: {"model": ErrorBody, "description": "The chat has reached max_messages_per_chat"},
-        422: {"model": ErrorBody, "description": "Invalid request, or a system prompt over its limit"},
-        503: {"model": ErrorBody, "description": "No worker serves the model, or its queue is full"},
-    },
+    responses=_ANSWER_ERRORS,
 )
 async def create_assistant_message(
     chat_id: str,
@@ -160,16 +164,12 @@ async def create_assistant_message(
     "/{chat_id}/turns",
     response_class=EventSourceResponse,
     responses={
-        **_ID_ERRORS,
+        **_ANSWER_ERRORS,
         200: {
             "content": {"text/event-stream": {}},
             "description": "A `created` event with both messages, then the answer's events",
         },
-        400: {"model": ErrorBody, "description": "Bad parent message or unknown model"},
-        409: {"model": ErrorBody, "description": "The chat has reached max_messages_per_chat"},
         422: {"model": ErrorBody, "description": "Empty or too long message, or an invalid request"},
-        429: {"model": ErrorBody, "description": "Rate or concurrency limit reached (see Retry-After)"},
-        503: {"model": ErrorBody, "description": "No worker serves the model, or its queue is full"},
     },
 )
 async def create_turn(
