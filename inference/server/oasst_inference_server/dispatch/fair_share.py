@@ -39,7 +39,12 @@ class Placement(NamedTuple):
     def parse(cls, note: str) -> Placement | None:
         """The placement of a hint's job note; None for a note of another form (or none)."""
         parts = note.split()
-        if len(parts) != 3 or not all(part.isdigit() for part in parts) or parts[2] not in ("0", "1"):
+        # isdecimal() alone admits other scripts' digits; the note is ASCII, written by note().
+        if (
+            len(parts) != 3
+            or not all(p.isascii() and p.isdecimal() for p in parts)
+            or parts[2] not in ("0", "1")
+        ):
             return None
         return cls(int(parts[0]), int(parts[1]), parts[2] == "1")
 

@@ -226,3 +226,9 @@ async def test_a_hints_placement_note_places_it_without_a_read(broker: Broker) -
     finally:
         await dispatcher.detach(small)  # type: ignore[arg-type]
         await dispatcher.detach(trusted)  # type: ignore[arg-type]
+
+
+def test_a_job_note_of_another_form_is_no_placement():
+    assert Placement.parse(Placement(900, 500, True).note()) == Placement(900, 500, True)
+    for note in ["", "1 2", "1 2 3", "1 2 1 4", "-1 2 0", "1.5 2 0", "1 ² 0", "١ 2 0", "a b c", "1 2 01"]:
+        assert Placement.parse(note) is None, note
