@@ -107,7 +107,7 @@ async def test_a_refused_turn_creates_nothing(client, app, user, live_model):
         "empty_message",
     )
     unknown_parent = {"parent_id": "nope", "content": "hi", "model_config_name": live_model}
-    assert (await client.post(url, json=unknown_parent, headers=user.headers)).status_code in (400, 404)
+    assert_error(await client.post(url, json=unknown_parent, headers=user.headers), 400, "parent_not_found")
     assert await chat_messages(client, user, chat_id) == []
     other = await client.post("/chats", json={}, headers=user.headers)
     assert (
