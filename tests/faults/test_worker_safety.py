@@ -20,7 +20,16 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from oasst_shared.protocol import PROTOCOL_VERSION, GeneratedText, Pong, Token, WorkerInfo, dump_frame
+from oasst_inference_server.dispatch.worker_frames import USAGE_SLACK_TOKENS
+from oasst_shared.protocol import (
+    PROTOCOL_VERSION,
+    GeneratedText,
+    Pong,
+    Token,
+    TokenBatch,
+    WorkerInfo,
+    dump_frame,
+)
 from tests.e2e.chat_api import ChatApi
 from tests.support.api import ADMIN_TOKEN
 from tests.support.fake_workers import (
@@ -261,6 +270,30 @@ def test_a_lost_cancel_is_sent_again_and_a_late_result_still_ends_cancelled(safe
             await worker.received_for(0)  # what was sent before the result
             later = await worker.received_for(2.0)
             assert not [f for f in later if f["type"] == "cancel"]
+
+    asyncio.run(scenario())
+
+
+def test_a_worker_cannot_stream_more_tokens_than_the_job_allows(safety_stack):
+    model = fake_model()
+    api = new_api(safety_stack)
+
+    async def scenario() -> None:
+        async with RawWorker(safety_stack, model) as worker:
+            chat_id, message_id = await asyncio.to_thread(queue, api, model.name, "hi", max_new_tokens=5)
+            await worker.next_frame("work")
+            for _ in range(10):  # 1,000 token frames for a job of 5 new tokens
+                batch = TokenBatch(tokens=[Token(message_id=message_id, text="x") for _ in range(100)])
+                await worker.ws.send(dump_frame(batch))
+            done = GeneratedText(
+                message_id=message_id, text="xxxxx", finish_reason="length", generated_tokens=5
+            )
+            await worker.ws.send(dump_frame(done))
+            await asyncio.to_thread(wait_state, api, chat_id, message_id, {"complete"}, 20)
+            events = await asyncio.to_thread(api.events, chat_id, message_id)
+            tokens = [e for e in events if e.data["event_type"] == "token"]
+            assert len(tokens) == 5 + USAGE_SLACK_TOKENS, len(tokens)  # the rest were dropped
+            assert final_of(events)["message"]["content"] == "xxxxx"
 
     asyncio.run(scenario())
 

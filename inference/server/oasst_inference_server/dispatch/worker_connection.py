@@ -50,6 +50,7 @@ from oasst_inference_server.dispatch.worker_frames import (
     bounded_usage,
     parse_or_salvage,
     salvage,
+    token_cap,
     utf8_size,
 )
 from oasst_inference_server.outages import is_outage
@@ -102,6 +103,7 @@ class _ConnectionClosed(Exception):
 @dataclass
 class _Probe:
     done: asyncio.Future[ProbeOutcome]
+    limit: int  # token frames kept (worker_frames.token_cap)
     tokens: list[str] = field(default_factory=list)
 
 
@@ -154,6 +156,8 @@ class WorkerConnection:
         # Per in-flight message: the work sent and the bytes of text streamed (to bound usage claims).
         self._work: dict[str, Work] = {}
         self._streamed_bytes: dict[str, int] = {}
+        # Token frames taken per user job, bounded by worker_frames.token_cap (the rest are dropped).
+        self._token_frames: dict[str, int] = {}
         # Set while a step waits out a storage outage: the worker is not the one that is silent.
         self._waiting_for_storage = False
         # Resolved once: labels() is a locked dict lookup, and this counter moves on every token.
@@ -194,7 +198,7 @@ class WorkerConnection:
         """Send a compliance check's job and collect its answer; inconclusive on a timeout, an error of
         the worker or its backend, or a lost socket (an honest but slow worker is never blamed)."""
         loop = asyncio.get_running_loop()
-        probe = _Probe(loop.create_future())
+        probe = _Probe(loop.create_future(), token_cap(work))
         self._probes[work.message_id] = probe
         if self.capacity.reported_free_slots is not None:
             self.capacity.reported_free_slots -= 1
@@ -511,9 +515,12 @@ class WorkerConnection:
     async def _on_token(self, token: Token) -> None:
         probe = self._probes.get(token.message_id)
         if probe is not None:
-            probe.tokens.append(token.text)
+            if len(probe.tokens) < probe.limit:
+                probe.tokens.append(token.text)
             return
         if token.message_id in self.in_flight:  # else late, after a cancel or a lost lease: dropped
+            if not self._within_token_cap(token.message_id):
+                return
             self._count_token(token.message_id)
             self._streamed_bytes[token.message_id] = self._streamed_bytes.get(
                 token.message_id, 0
@@ -600,6 +607,23 @@ class WorkerConnection:
         )
 
     # ------------------------------------------------------------ helpers
+    def _within_token_cap(self, message_id: str) -> bool:
+        """Count a token frame of a user job; False past the job's cap (logged once): it is dropped."""
+        taken = self._token_frames.get(message_id, 0) + 1
+        work = self._work.get(message_id)
+        if work is not None and taken > token_cap(work):
+            if taken == token_cap(work) + 1:
+                logger.warning(
+                    "worker {} sent more tokens for message {} than it may ({}): the rest are dropped",
+                    self.session_id,
+                    message_id,
+                    token_cap(work),
+                )
+            self._token_frames[message_id] = taken
+            return False
+        self._token_frames[message_id] = taken
+        return True
+
     def _done(self, message_id: str) -> None:
         if message_id in self.in_flight:
             metrics.IN_FLIGHT.labels(self.model_name).dec()
@@ -608,6 +632,7 @@ class WorkerConnection:
         self._first_token_at.pop(message_id, None)
         self._work.pop(message_id, None)
         self._streamed_bytes.pop(message_id, None)
+        self._token_frames.pop(message_id, None)
         self._spot_tokens.pop(message_id, None)
         if self.capacity.reported_free_slots is not None:
             self.capacity.reported_free_slots += 1

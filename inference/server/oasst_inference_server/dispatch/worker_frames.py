@@ -62,6 +62,13 @@ def parse_or_salvage(text: str | bytes) -> tuple[WorkerFrame | None, Salvaged | 
         return None, salvage(text, str(exc)), str(exc)
 
 
+def token_cap(work: Work) -> int:
+    """The most token frames a worker may send for ``work``: its max_new_tokens, plus the slack of
+    tokens that leave no text. Frames past it are dropped, so a worker cannot make the server keep or
+    relay an answer longer than it asked for."""
+    return work.sampling_parameters.max_new_tokens + USAGE_SLACK_TOKENS
+
+
 def utf8_size(text: str) -> int:
     """Bytes of ``text`` in UTF-8. Called per relayed token: str.isascii() reads a flag CPython keeps,
     so most tokens are measured without being encoded."""
