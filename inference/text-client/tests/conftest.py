@@ -233,6 +233,9 @@ def _make_handler(state: FakeChatServer) -> type[BaseHTTPRequestHandler]:
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Transfer-Encoding", "chunked")
+            if conn.kind != "ok":
+                # This connection will be cut: say so, or the client may reuse it and fail once more.
+                self.send_header("Connection", "close")
             self.end_headers()
             self._chunk(b": ping\r\n\r\n")
             if lead is not None:
