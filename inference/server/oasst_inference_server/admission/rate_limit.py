@@ -2,7 +2,11 @@
 
 Both are counted in the database (messages enqueued by the user in the last minute; the user's pending
 and in-progress messages), so they hold across any number of replicas with no extra state. Two requests
-racing past the check together may both get in: the limits are fair-use guards, not quotas to the unit.
+racing past the check together would both get in, so on Postgres the check first locks the user's row
+until the transaction that inserts the new message commits: one user's submissions are admitted one at a
+time, and a burst of simultaneous requests cannot push past the limits (other users never wait on that
+lock). SQLite (the single-process development default) has no row locks; there two racing requests may
+both get in.
 
 A generation is any message that was queued for a worker (``enqueued_at`` set): a chat's assistant
 message, an OpenAI-API completion or an embedding request. Chat messages carry no ``user_id``; they
@@ -61,8 +65,20 @@ async def _recorded_since(session: AsyncSession, user_id: str, since: datetime) 
     return list(rows.all())
 
 
+async def _admit_one_at_a_time(session: AsyncSession, user_id: str) -> None:
+    """Lock the user's row for the rest of the transaction (Postgres; a no-op on SQLite). ``FOR NO KEY
+    UPDATE``: inserts that reference the user (a new chat) do not wait for it."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    await session.exec(select(DbUser.id).where(DbUser.id == user_id).with_for_update(key_share=True))
+
+
 async def check_generation_limits(session: AsyncSession, settings: Settings, user_id: str) -> None:
-    """Raise ``RateLimited`` (with ``retry_after``) if the user may not start another generation now."""
+    """Raise ``RateLimited`` (with ``retry_after``) if the user may not start another generation now.
+    On Postgres the user's row stays locked until ``session`` commits or rolls back: call this in the
+    transaction that inserts the generation, just before it."""
+    if settings.max_concurrent_generations_per_user or settings.rate_limit_per_minute:
+        await _admit_one_at_a_time(session, user_id)
     if settings.max_concurrent_generations_per_user:
         active = DbMessage.state.in_(ACTIVE_STATES)
         running = await _count(session, user_id, active)
