@@ -219,24 +219,10 @@ class MessageLifecycle:
         except BrokerError as exc:
             logger.warning("fair-share correction of {} not applied: {}", message.id, exc)
 
-    async def claim(
-        self,
-        message_id: str,
-        session_id: str,
-        *,
-        max_input_tokens: int | None = None,
-        max_new_tokens: int | None = None,
-        protocol_version: int = PROTOCOL_VERSION,
-    ) -> Claimed | None:
+    async def claim(self, message_id: str, session_id: str, **options: Any) -> Claimed | None:
         """Atomically take a pending message for a worker session, committed; None if someone else has
-        it. :meth:`open_claim` without anything done before the commit."""
-        async with self.open_claim(
-            message_id,
-            session_id,
-            max_input_tokens=max_input_tokens,
-            max_new_tokens=max_new_tokens,
-            protocol_version=protocol_version,
-        ) as claimed:
+        it. :meth:`open_claim` (with its keyword ``options``) with nothing done before the commit."""
+        async with self.open_claim(message_id, session_id, **options) as claimed:
             return claimed
 
     @asynccontextmanager

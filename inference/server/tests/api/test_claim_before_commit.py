@@ -122,9 +122,13 @@ async def until(condition: Callable[[], Awaitable[bool] | bool], timeout: float 
             await asyncio.sleep(0.01)
 
 
-async def popped(app: Any, model: str, message_id: str) -> None:
-    """Take the message's hint from the queue, as the dispatcher does before it assigns the job."""
+async def popped_answer(client: Any, app: Any, user: Any, model: str) -> str:
+    """A new pending answer whose hint was taken from the queue, as the dispatcher does before it
+    assigns the job."""
+    message_id = (await start_chat(client, user, "a question", model)).assistant_id
+    assert message_id is not None
     await app.state.broker.remove_work(events.work_queue_name(model), message_id)
+    return message_id
 
 
 async def queued(app: Any, model: str) -> list[str]:
@@ -139,9 +143,7 @@ async def stream_types(app: Any, message_id: str) -> list[str]:
 async def test_the_answer_waits_for_the_commit_and_the_claim_locks_out_other_sessions(
     client, app, user, live_model, monkeypatch
 ):
-    chat = await start_chat(client, user, "hold on", live_model)
-    message_id = chat.assistant_id
-    await popped(app, live_model, message_id)
+    message_id = await popped_answer(client, app, user, live_model)
     lifecycle = app.state.lifecycle
     commits = Commits(lifecycle)
     monkeypatch.setattr(lifecycle, "open_claim", commits.open_claim)
@@ -171,9 +173,7 @@ async def test_the_answer_waits_for_the_commit_and_the_claim_locks_out_other_ses
 async def test_a_failed_commit_voids_the_job_and_requeues_the_message(
     client, app, user, live_model, monkeypatch
 ):
-    chat = await start_chat(client, user, "try me", live_model)
-    message_id = chat.assistant_id
-    await popped(app, live_model, message_id)
+    message_id = await popped_answer(client, app, user, live_model)
     lifecycle = app.state.lifecycle
     commits = Commits(lifecycle, fail=True)
     commits.release.set()
@@ -199,9 +199,7 @@ async def test_a_failed_commit_voids_the_job_and_requeues_the_message(
 
 
 async def test_a_socket_that_fails_before_the_send_leaves_the_message_queued(client, app, user, live_model):
-    chat = await start_chat(client, user, "anyone there?", live_model)
-    message_id = chat.assistant_id
-    await popped(app, live_model, message_id)
+    message_id = await popped_answer(client, app, user, live_model)
     socket = StandInSocket(fail_sends=True)
     async with connection(app, live_model, socket) as conn:
         conn.assign(message_id)
