@@ -58,6 +58,8 @@ _PUBSUB_POLL_SECONDS = 5.0
 # a hint handed to it meanwhile); a hand entry nobody took (its popper vanished) expires after a minute.
 _HAND_SLACK_MS = 1000
 _HAND_KEEP_MS = 60_000
+# How long a popper that gave up (cancelled, or its connection failed) tries to give back a hint.
+_GIVE_BACK_SECONDS = 2.0
 
 _ACQUIRE_LOCK = """
 local holder = redis.call('GET', KEYS[1])
@@ -310,8 +312,9 @@ class RedisBroker(Broker):
                     return _popped(popped)
                 try:
                     reply = await self._unless_closed(self._client.blpop([hand], _ms(block) / 1000))
-                except asyncio.CancelledError:
-                    # A hint handed over meanwhile must not go with this popper.
+                except (asyncio.CancelledError, RedisError, OSError):
+                    # A hint handed over meanwhile must not go with this popper (best effort: if Redis
+                    # itself is gone, the registration expires and the recovery loop re-queues).
                     await asyncio.shield(self._give_back(queue, base, popper))
                     raise
                 if reply is _CLOSED:
@@ -327,14 +330,15 @@ class RedisBroker(Broker):
         """Unregister a popper whose caller gave up; push back a hint handed to it (at its user's tail;
         the counter gets its cost back)."""
         try:
-            handed = await self._fair_stop_waiting(keys=[base], args=[popper])
-            if handed is None:
-                return
-            message_id, job, cost, user = str(handed).split("\0")
-            await self._fair_charge(keys=[base], args=[user, repr(-float(cost))])
-            await self.push_work(queue, message_id, user=user, cost=float(cost), job=job)
-        except (RedisError, OSError, BrokerError) as exc:
-            logger.warning("a hint handed to a cancelled popper was not given back: {}", exc)
+            async with asyncio.timeout(_GIVE_BACK_SECONDS):
+                handed = await self._fair_stop_waiting(keys=[base], args=[popper])
+                if handed is None:
+                    return
+                message_id, job, cost, user = str(handed).split("\0")
+                await self._fair_charge(keys=[base], args=[user, repr(-float(cost))])
+                await self.push_work(queue, message_id, user=user, cost=float(cost), job=job)
+        except (RedisError, OSError, BrokerError, TimeoutError) as exc:
+            logger.warning("a hint handed to a popper that gave up was not given back: {!r}", exc)
 
     async def charge(self, queue: str, user: str, amount: float) -> None:
         with _translated("charge"):
