@@ -34,6 +34,7 @@ from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.capacity import WorkerCapacity
+from oasst_inference_server.dispatch.claim_gate import ClaimGate, named_messages
 from oasst_inference_server.dispatch.compliance_rules import ProbeOutcome, SpotChecks
 from oasst_inference_server.dispatch.compliance_store import (
     FAILED,
@@ -67,6 +68,7 @@ from oasst_shared.protocol import (
     Cancel,
     Drain,
     Embeddings,
+    EmbedWork,
     GeneratedText,
     Ping,
     Pong,
@@ -164,6 +166,8 @@ class WorkerConnection:
         self._tokens_relayed = metrics.TOKENS.labels(self.model_name)
         self._first_token_at: dict[str, float] = {}
         self._relay = TokenRelay(broker, label=f" of worker {self.session_id}")
+        # Jobs sent before their claim was committed (:mod:`.claim_gate`).
+        self._gate = ClaimGate()
         self._capacity_changed_quietly()
 
     # ------------------------------------------------------------ public
@@ -312,6 +316,7 @@ class WorkerConnection:
             raise _ConnectionClosed(close_code, f"malformed frame: {error}"[:120])
         for part in salvaged.frames:
             await self._handle(part)
+        await self._gate.wait(salvaged.refused)
         for message_id, why in salvaged.refused.items():
             if message_id not in self.in_flight:
                 continue
@@ -330,7 +335,10 @@ class WorkerConnection:
         """One valid frame. A storage outage is waited out here; any other fault of one message's frame
         fails that message, never the connection."""
         message_id = getattr(frame, "message_id", None)
+        await self._gate.wait(named_messages(frame))
         try:
+            if self._gate.void and await self._ended_void(frame):
+                return
             await self._dispatch_frame(frame)
         except (_ConnectionClosed, WebSocketDisconnect, asyncio.CancelledError):
             raise
@@ -348,6 +356,24 @@ class WorkerConnection:
                     ),
                     f"failing message {message_id}",
                 )
+
+    async def _ended_void(self, frame: WorkerFrame) -> bool:
+        """True for a frame that ends a void job (its claim was not confirmed): only its slot is freed,
+        and the message retried if the claim did land after all."""
+        if not isinstance(frame, (GeneratedText, Embeddings, WorkerError)):
+            return False
+        message_id = frame.message_id
+        if message_id is None or message_id not in self._gate.void:
+            return False
+        self._gate.void.discard(message_id)
+        self._done(message_id)
+        await self._durably(
+            functools.partial(
+                self._lifecycle.release, message_id, self.session_id, "the claim could not be confirmed"
+            ),
+            f"releasing message {message_id}",
+        )
+        return True
 
     async def _dispatch_frame(self, frame: WorkerFrame) -> None:
         if isinstance(frame, Token):
@@ -407,14 +433,26 @@ class WorkerConnection:
         while True:
             message_id, max_new_tokens = await self._assigned.get()
             self._claiming += 1
+            # How far the job got: "assigned" (no claim), "stale", "claimed" (not sent), "sent".
+            stage = "assigned"
             try:
-                claimed = await self._lifecycle.claim(
+                async with self._lifecycle.open_claim(
                     message_id,
                     self.session_id,
                     max_input_tokens=self.info.model_config_.max_input_length,
                     max_new_tokens=max_new_tokens,
                     protocol_version=self.protocol_version,
-                )
+                ) as claimed:
+                    self._claiming -= 1
+                    if claimed is None:
+                        stage = "stale"  # the message was taken, cancelled or finished meanwhile
+                    else:
+                        stage = "claimed"
+                        self._start(message_id, claimed.work)
+                        # Sent before the commit: the row stays locked until then, and the gate holds
+                        # back whatever the worker answers until the commit is confirmed.
+                        await self._send_text(claimed.frame)
+                        stage = "sent"
             except UnsendableMessage as exc:
                 # The message itself is at fault: it fails alone; the worker never sees it.
                 self._claiming -= 1
@@ -425,49 +463,69 @@ class WorkerConnection:
                     functools.partial(self._lifecycle.fail, message_id, error), "failing a message"
                 )
                 continue
-            except asyncio.CancelledError:
-                self._claiming -= 1
-                # The job was taken from the queue but not acted on: put it back.
-                with contextlib.suppress(Exception):
-                    await self._lifecycle.requeue(message_id)
+            except BaseException as exc:
+                await self._claim_failed(message_id, stage, exc)
+                if stage == "claimed" or not isinstance(exc, Exception):
+                    raise  # the socket failed (or this task is cancelled): the connection ends
+                if stage == "assigned":
+                    await asyncio.sleep(1.0)  # the database is down: wait before the next claim
+                continue
+            if stage == "stale":
                 self._capacity_changed()
-                raise
-            except Exception as exc:
-                # The database is down (or another hiccup): put the job back, keep the worker, retry.
-                self._claiming -= 1
+                continue
+            self._gate.settled(message_id)
+            work = self._work.get(message_id)
+            logger.info(
+                "message {} -> worker {} (attempt {})",
+                message_id,
+                self.session_id,
+                work.attempt if work is not None else "?",
+            )
+            await self._publish_session()
+
+    def _start(self, message_id: str, work: Work | EmbedWork) -> None:
+        """Count a claimed job as the worker's before its frame is sent."""
+        self.in_flight.add(message_id)
+        self._gate.opened(message_id)
+        self._capacity_changed()
+        if isinstance(work, Work):
+            self._work[message_id] = work
+            if self._spot_checks is not None and not self.trust.trusted and self._spot_checks.wants(work):
+                self._spot_tokens[message_id] = []
+        self._dispatched_at[message_id] = time.monotonic()
+        metrics.DISPATCHED.labels(self.model_name).inc()
+        metrics.IN_FLIGHT.labels(self.model_name).inc()
+
+    async def _claim_failed(self, message_id: str, stage: str, exc: BaseException) -> None:
+        """The claim of an assigned job raised at ``stage``: the message must not be lost, nor be
+        generated for nothing."""
+        if stage == "assigned":
+            self._claiming -= 1  # the claim itself failed (the database is down, or a hiccup)
+            if isinstance(exc, Exception):
                 logger.warning(
                     "worker {}: cannot claim {}: {}: {}", self.session_id, message_id, type(exc).__name__, exc
                 )
-                with contextlib.suppress(Exception):
-                    await self._lifecycle.requeue(message_id)
-                self._capacity_changed()
-                await asyncio.sleep(1.0)
-                continue
-            self._claiming -= 1
-            if claimed is None:
-                self._capacity_changed()
-                continue  # stale hint: the message was taken, cancelled or finished meanwhile
-            work = claimed.work
-            self.in_flight.add(message_id)
-            self._capacity_changed()
-            if isinstance(work, Work):
-                self._work[message_id] = work
-                if self._spot_checks is not None and not self.trust.trusted and self._spot_checks.wants(work):
-                    self._spot_tokens[message_id] = []
-            self._dispatched_at[message_id] = time.monotonic()
-            metrics.DISPATCHED.labels(self.model_name).inc()
-            metrics.IN_FLIGHT.labels(self.model_name).inc()
-            logger.info("message {} -> worker {} (attempt {})", message_id, self.session_id, work.attempt)
-            try:
-                await self._send_text(claimed.frame)
-            except BaseException:
-                self._done(message_id)
-                with contextlib.suppress(Exception):
-                    await self._lifecycle.release(
-                        message_id, self.session_id, "could not send work to the worker"
-                    )
-                raise
-            await self._publish_session()
+        elif stage == "claimed":
+            # Not sent (the socket failed): the claim rolled back, and the worker has nothing.
+            self._gate.settled(message_id)
+            self._done(message_id)
+        elif stage == "sent":
+            # The worker has the job but the commit failed, or its outcome is unknown: it is told to
+            # stop, and nothing it sends for the job is kept (the gate makes it void).
+            self._gate.settled(message_id, void=True)
+            logger.warning(
+                "worker {}: the claim of {} was not confirmed ({}): cancelling it",
+                self.session_id,
+                message_id,
+                type(exc).__name__,
+            )
+            with contextlib.suppress(Exception):
+                await self._send(Cancel(message_id=message_id))
+        self._capacity_changed()
+        # Taken from the queue but not (surely) claimed: put it back. A no-op unless the database
+        # says it is pending; a claim that did land is retried when the void job ends (or its lease).
+        with contextlib.suppress(Exception):
+            await self._lifecycle.requeue(message_id)
 
     async def _ping(self) -> None:
         while True:
@@ -518,7 +576,8 @@ class WorkerConnection:
             if len(probe.tokens) < probe.limit:
                 probe.tokens.append(token.text)
             return
-        if token.message_id in self.in_flight:  # else late, after a cancel or a lost lease: dropped
+        if token.message_id in self.in_flight and token.message_id not in self._gate.void:
+            # (else late, after a cancel or a lost lease, or of a void job: dropped)
             if not self._within_token_cap(token.message_id):
                 return
             self._count_token(token.message_id)
@@ -544,7 +603,9 @@ class WorkerConnection:
         self._capacity_changed()
         if self.in_flight:
             try:
-                cancels = await self._lifecycle.extend_leases(self.session_id, sorted(self.in_flight))
+                # A claim not committed yet is invisible to the database: not counted as held.
+                holding = self.in_flight - self._gate.unconfirmed()
+                cancels = await self._lifecycle.extend_leases(self.session_id, sorted(holding))
             except Exception as exc:  # the database is down: the leases outlast a short outage
                 logger.warning(
                     "worker {}: leases not extended: {}: {}", self.session_id, type(exc).__name__, exc
