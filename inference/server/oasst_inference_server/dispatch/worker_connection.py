@@ -746,8 +746,19 @@ class WorkerConnection:
         )
 
     async def _send_text(self, text: str) -> None:
-        async with self._send_lock:
-            await self.websocket.send_text(text)
+        """Send one frame; a worker that does not read its socket (the send cannot complete within
+        ``worker_send_timeout``) is disconnected: it would otherwise hold this task, and the database
+        connection of a claim whose job is being sent, for as long as it likes."""
+        try:
+            async with asyncio.timeout(self._settings.worker_send_timeout), self._send_lock:
+                await self.websocket.send_text(text)
+        except TimeoutError:
+            logger.warning(
+                "worker {}: a frame could not be sent in {:.0f}s: disconnecting it",
+                self.session_id,
+                self._settings.worker_send_timeout,
+            )
+            raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, "the worker does not read its socket") from None
 
     async def _publish_session(self) -> None:
         record = WorkerSession(
@@ -793,8 +804,10 @@ class WorkerConnection:
         with contextlib.suppress(Exception):
             await self._broker.remove_worker_session(self.session_id)
         if self.websocket.application_state == WebSocketState.CONNECTED:
+            # Bounded: the close frame of a worker that does not read cannot go out either.
             with contextlib.suppress(Exception):
-                await self.websocket.close(
-                    code=close.code if close else CLOSE_GOING_AWAY, reason=reason[:120]
-                )
+                async with asyncio.timeout(self._settings.worker_send_timeout):
+                    await self.websocket.close(
+                        code=close.code if close else CLOSE_GOING_AWAY, reason=reason[:120]
+                    )
         logger.info("worker {} disconnected: {}", self.session_id, reason)

@@ -20,7 +20,7 @@ from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_connection import WorkerConnection
 from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import GeneratedText, Token, WorkerInfo, dump_frame
+from oasst_shared.protocol import CLOSE_POLICY_VIOLATION, GeneratedText, Token, WorkerInfo, dump_frame
 from tests.support.api import API, start_chat
 
 pytestmark = API
@@ -28,17 +28,22 @@ pytestmark = API
 
 class StandInSocket:
     """The server side of a worker's websocket: records what the server sends (pings aside), feeds what
-    the worker says. ``fail_sends`` makes every send fail as on a closed socket."""
+    the worker says. ``fail_sends`` makes every send fail as on a closed socket; ``stall_sends`` makes
+    every send wait forever, as on a socket whose buffers are full because the worker does not read."""
 
-    def __init__(self, fail_sends: bool = False) -> None:
+    def __init__(self, fail_sends: bool = False, stall_sends: bool = False) -> None:
         self.application_state = WebSocketState.CONNECTED
         self.sent: list[dict[str, Any]] = []
         self.incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
         self.fail_sends = fail_sends
+        self.stall_sends = stall_sends
+        self.closed_with: int | None = None
 
     async def send_text(self, text: str) -> None:
         if self.fail_sends:
             raise RuntimeError("Cannot call send once a close message has been sent.")
+        if self.stall_sends:
+            await asyncio.Event().wait()
         frame = json.loads(text)
         if frame["type"] != "ping":  # pings come on a timer: not what these tests look at
             self.sent.append(frame)
@@ -47,6 +52,9 @@ class StandInSocket:
         return await self.incoming.get()
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
+        self.closed_with = code
+        if self.stall_sends:
+            await asyncio.Event().wait()  # the close frame cannot go out either
         self.application_state = WebSocketState.DISCONNECTED
 
     def say(self, frame: Any) -> None:
@@ -92,7 +100,9 @@ class StubDispatcher:
 
 
 @asynccontextmanager
-async def connection(app: Any, model: str, socket: StandInSocket) -> AsyncIterator[WorkerConnection]:
+async def connection(
+    app: Any, model: str, socket: StandInSocket, settings: Any = None
+) -> AsyncIterator[WorkerConnection]:
     info = WorkerInfo(
         model_config=SMOLLM2_135M.model_copy(update={"name": model}),
         max_parallel_requests=1,
@@ -101,7 +111,7 @@ async def connection(app: Any, model: str, socket: StandInSocket) -> AsyncIterat
     conn = WorkerConnection(
         socket,  # type: ignore[arg-type]
         info,
-        settings=app.state.settings,
+        settings=settings or app.state.settings,
         broker=app.state.broker,
         lifecycle=app.state.lifecycle,
         dispatcher=StubDispatcher(),  # type: ignore[arg-type]
@@ -208,6 +218,29 @@ async def test_a_socket_that_fails_before_the_send_leaves_the_message_queued(cli
         await until(lambda: _in_queue(app, live_model, message_id))
     pending = await app.state.lifecycle.get(message_id)
     assert (pending.state, pending.attempts, pending.worker_session_id) == ("pending", 0, None)
+
+
+async def test_a_worker_that_does_not_read_is_disconnected_and_gives_back_the_claim_and_its_connection(
+    client, app, user, live_model
+):
+    """The job is sent inside the claim's transaction: a worker whose socket never drains must not hold
+    that database connection (nor the message's row lock) for longer than ``worker_send_timeout``."""
+    message_id = await popped_answer(client, app, user, live_model)
+    settings = app.state.settings.model_copy(update={"worker_send_timeout": 0.3})
+    pool = app.state.engine.sync_engine.pool
+    socket = StandInSocket(stall_sends=True)
+    async with connection(app, live_model, socket, settings) as conn:
+        conn.assign(message_id)
+        await until(lambda: socket.closed_with is not None)
+        assert socket.closed_with == CLOSE_POLICY_VIOLATION
+        assert pool.checkedout() == 0
+        await until(lambda: _in_queue(app, live_model, message_id))
+    pending = await app.state.lifecycle.get(message_id)
+    assert (pending.state, pending.attempts, pending.worker_session_id) == ("pending", 0, None)
+    # The row is not locked: another worker's claim takes it at once.
+    async with asyncio.timeout(5):
+        claimed = await app.state.lifecycle.claim(message_id, "ws-next")
+    assert claimed is not None
 
 
 async def test_a_claim_that_finds_the_message_cancelled_sends_nothing(client, app, user, live_model):
