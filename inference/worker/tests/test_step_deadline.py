@@ -60,3 +60,13 @@ async def test_a_cancel_of_the_caller_is_a_cancel_not_a_timeout() -> None:
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_one_deadline_bounds_many_steps_and_a_late_one_still_times_out() -> None:
+    deadline = StepDeadline(stall=0.05)
+    for i in range(100):  # steps far shorter than the stall timeout, one after another
+        assert await deadline.step(asyncio.sleep(0, i)) == i
+    with pytest.raises(asyncio.TimeoutError):
+        await deadline.step(asyncio.Event().wait())
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+    assert await deadline.step(asyncio.sleep(0, "after")) == "after"  # the task is not left cancelled
