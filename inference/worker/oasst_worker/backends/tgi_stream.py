@@ -14,6 +14,8 @@ sequence, an error) closes its connection, so the backend stops generating.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -51,6 +53,8 @@ class MalformedEvent(ValueError):
 
 
 _decode_event = msgspec.json.Decoder(TgiStreamEvent).decode
+# How long the end of a response may lag behind its last event (TGI ends it at once).
+_END_OF_RESPONSE_SECONDS = 1.0
 
 
 class TgiStreamClient:
@@ -87,8 +91,7 @@ class TgiStreamClient:
                     if event is None:
                         continue
                     if event.details is not None:
-                        await response.content.read()  # to the end: the connection goes back to the pool
-                        finished = True
+                        finished = await _read_to_end(response)
                     yield event
             finally:
                 if not finished:
@@ -104,6 +107,16 @@ class TgiStreamClient:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=self._timeout)
         return self._session
+
+
+async def _read_to_end(response: aiohttp.ClientResponse) -> bool:
+    """After the last event: whether the response ended, so its connection can go back to the pool.
+
+    Bounded: a backend that keeps the response open after its last event costs its connection, not
+    the answer."""
+    with contextlib.suppress(asyncio.TimeoutError):
+        await asyncio.wait_for(response.content.read(), _END_OF_RESPONSE_SECONDS)
+    return response.content.at_eof()
 
 
 def _event(status: int, payload: bytes) -> TgiStreamEvent | None:
