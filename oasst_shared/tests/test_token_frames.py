@@ -220,3 +220,35 @@ def test_text_that_is_not_valid_unicode_is_not_written() -> None:
         encode_tokens([TokenFrame("m", "a\ud800")])
     with pytest.raises(ValueError):
         encode_tokens([])
+
+
+EDGE_CASES = [
+    '{"type":"token","message_id":"m","text":"a","message_id":""}',
+    '{"type":"token","message_id":"m","text":"a","text":"\\u0000"}',
+    '{"type":"token","message_id":"m","text":"a","logprobs":null,"logprobs":[{"token":"x"}]}',
+    '{"type":"token","message_id":"m","text":"a","token_id":-5}',
+    '{"type":"token","message_id":"m","text":"a","token_id":99999999999999999999999}',
+    '{"type":"token","message_id":"m","text":"a","logprobs":[]}',
+    '{"type":"token","message_id":"m","text":"a\\u2028"}',
+    '{"type":"token_batch","tokens":[{"message_id":"m","text":"a"}],"tokens":[]}',
+    ' {"type":"token","message_id":"m","text":"a"}\n',
+    '{"message_id":"m","text":"a","type":"token"}',
+]
+
+
+def _tokens_of(frame: object) -> list[tuple[str, str, int | None]]:
+    if isinstance(frame, TokenFrames):
+        return [(t.message_id, t.text, t.token_id) for t in frame.tokens]
+    tokens = frame.tokens if isinstance(frame, TokenBatch) else [frame]  # type: ignore[attr-defined]
+    return [(t.message_id, t.text, t.token_id) for t in tokens]
+
+
+@pytest.mark.parametrize("raw", EDGE_CASES)
+def test_on_edge_cases_the_codec_and_the_schema_agree(raw: str) -> None:
+    try:
+        expected = _tokens_of(parse_worker_frame(raw))
+    except ProtocolError:
+        with pytest.raises(ProtocolError):
+            decode_worker_frame(raw)
+        return
+    assert _tokens_of(decode_worker_frame(raw)) == expected
