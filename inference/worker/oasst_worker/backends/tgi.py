@@ -1,5 +1,4 @@
-"""Hugging Face text-generation-inference: its token stream over one pooled connection
-(:mod:`.tgi_stream`, with text-generation's request types and errors), the rest through ``httpx``.
+"""Hugging Face text-generation-inference through its own client (``text_generation.AsyncClient``).
 
 Works with TGI and with the bundled CPU backend, which speaks the same HTTP API.
 """
@@ -10,15 +9,16 @@ import asyncio
 
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
+from text_generation import AsyncClient
 from text_generation import errors as tgi_errors
 from text_generation.types import Grammar, GrammarType
+from text_generation.types import Token as TgiToken
 
 from oasst_shared.logprobs import TokenLogprob, TopLogprob, token_bytes
 from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.deadlines import StepDeadline
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.backends.tgi_stream import MalformedEvent, TgiStreamClient, TgiToken
 
 # The backend has no room or is not up yet: not the message's fault.
 _UNAVAILABLE = (tgi_errors.OverloadedError, tgi_errors.ShardNotReadyError, tgi_errors.RateLimitExceededError)
@@ -106,7 +106,7 @@ class TgiBackend(GenerationBackend):
     def __init__(self, base_url: str, *, token_timeout: float, generation_timeout: float):
         self._base_url = base_url.rstrip("/")
         # The client's timeout bounds a whole generation; the stall timeout between tokens is ours.
-        self._client = TgiStreamClient(self._base_url, timeout=max(1.0, generation_timeout))
+        self._client = AsyncClient(self._base_url, timeout=int(max(1, generation_timeout)))
         self._token_timeout = token_timeout
         self._http = httpx.AsyncClient(base_url=self._base_url, timeout=httpx.Timeout(10.0))
 
@@ -170,7 +170,7 @@ class TgiBackend(GenerationBackend):
             raise BackendError(
                 f"backend unavailable: {exc}", retryable=True, unavailable=generated == 0
             ) from None
-        except (*_RETRYABLE, MalformedEvent) as exc:
+        except _RETRYABLE as exc:
             raise BackendError(f"backend error: {exc}", retryable=True) from None
         except (tgi_errors.GenerationError, tgi_errors.BadRequestError, tgi_errors.NotFoundError) as exc:
             raise BackendError(f"backend error: {exc}", retryable=False) from None
@@ -197,7 +197,6 @@ class TgiBackend(GenerationBackend):
 
     async def close(self) -> None:
         await self._http.aclose()
-        await self._client.close()
 
 
 def _logprobs(token: TgiToken, top_tokens: list[TgiToken] | None) -> TokenLogprob:
