@@ -14,11 +14,12 @@ import asyncio
 from collections.abc import Iterable
 
 from oasst_shared.protocol import TokenBatch, WorkerFrame
+from oasst_shared.token_frames import TokenFrames
 
 
-def named_messages(frame: WorkerFrame) -> Iterable[str]:
+def named_messages(frame: WorkerFrame | TokenFrames) -> Iterable[str]:
     """The message ids a worker frame speaks of."""
-    if isinstance(frame, TokenBatch):
+    if isinstance(frame, (TokenFrames, TokenBatch)):
         return {token.message_id for token in frame.tokens}
     message_id = getattr(frame, "message_id", None)
     return (message_id,) if isinstance(message_id, str) else ()

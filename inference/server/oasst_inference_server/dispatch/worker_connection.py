@@ -47,6 +47,7 @@ from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, 
 from oasst_inference_server.dispatch.token_relay import TokenRelay
 from oasst_inference_server.dispatch.trust import WorkerTrust
 from oasst_inference_server.dispatch.worker_frames import (
+    ReceivedFrame,
     Salvaged,
     bounded_usage,
     parse_or_salvage,
@@ -73,17 +74,15 @@ from oasst_shared.protocol import (
     Ping,
     Pong,
     ProtocolError,
-    Token,
-    TokenBatch,
     Work,
     WorkerError,
-    WorkerFrame,
     WorkerInfo,
     dump_frame,
     dump_work,
     frame_bytes,
     parse_server_frame,
 )
+from oasst_shared.token_frames import TokenFrame, TokenFrames
 
 # Waiting out a database or broker outage inside the connection: first and longest pause.
 _OUTAGE_MIN_DELAY = 0.2
@@ -331,7 +330,7 @@ class WorkerConnection:
                 f"failing message {message_id}",
             )
 
-    async def _handle(self, frame: WorkerFrame) -> None:
+    async def _handle(self, frame: ReceivedFrame) -> None:
         """One valid frame. A storage outage is waited out here; any other fault of one message's frame
         fails that message, never the connection."""
         message_id = getattr(frame, "message_id", None)
@@ -357,7 +356,7 @@ class WorkerConnection:
                     f"failing message {message_id}",
                 )
 
-    async def _ended_void(self, frame: WorkerFrame) -> bool:
+    async def _ended_void(self, frame: ReceivedFrame) -> bool:
         """True for a frame that ends a void job (its claim was not confirmed): only its slot is freed,
         and the message retried if the claim did land after all."""
         if not isinstance(frame, (GeneratedText, Embeddings, WorkerError)):
@@ -375,10 +374,8 @@ class WorkerConnection:
         )
         return True
 
-    async def _dispatch_frame(self, frame: WorkerFrame) -> None:
-        if isinstance(frame, Token):
-            await self._on_token(frame)
-        elif isinstance(frame, TokenBatch):
+    async def _dispatch_frame(self, frame: ReceivedFrame) -> None:
+        if isinstance(frame, TokenFrames):  # a token frame or a batch: the same tokens alike
             for token in frame.tokens:
                 await self._on_token(token)
         elif isinstance(frame, Pong):
@@ -570,7 +567,7 @@ class WorkerConnection:
                     await self._send(frame)
 
     # ------------------------------------------------------------ frame handlers
-    async def _on_token(self, token: Token) -> None:
+    async def _on_token(self, token: TokenFrame) -> None:
         probe = self._probes.get(token.message_id)
         if probe is not None:
             if len(probe.tokens) < probe.limit:
@@ -587,8 +584,7 @@ class WorkerConnection:
             spot = self._spot_tokens.get(token.message_id)
             if spot is not None:
                 spot.append(token.text)
-            logprobs = [e.model_dump(mode="json") for e in token.logprobs] if token.logprobs else None
-            await self._relay.add(token.message_id, token.text, logprobs)
+            await self._relay.add(token.message_id, token.text, token.logprobs or None)
 
     async def _on_pong(self, pong: Pong) -> None:
         was_healthy = self.backend_healthy
