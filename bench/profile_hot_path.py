@@ -85,6 +85,14 @@ def layer_of(frames: list[str]) -> str:
     return EVENT_LOOP
 
 
+# The entry points hold every sample of their process: they are not the project's work.
+ENTRY_POINTS = ("__main__", "oasst_inference_server/serve.py")
+
+
+def _is_project_frame(frame: str) -> bool:
+    return "(oasst_" in frame and not any(entry in frame for entry in ENTRY_POINTS)
+
+
 NO_PROJECT_FRAME = "(no project frame: event loop, uvicorn, starlette internals)"
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 
@@ -130,7 +138,7 @@ class Profile:
 
     def project_frames(self) -> Counter[str]:
         """Inclusive time of the project's own functions (not the entry point)."""
-        return Counter({k: v for k, v in self.inclusive.items() if "(oasst_" in k and "__main__" not in k})
+        return Counter({k: v for k, v in self.inclusive.items() if _is_project_frame(k)})
 
 
 def analyse(raw: str) -> Profile:
@@ -153,7 +161,7 @@ def analyse(raw: str) -> Profile:
         for name in {short_frame(f) for f in frames}:
             profile.inclusive[name] += count
         profile.layers[layer_of(frames)] += count
-        own_code = [f for f in frames if "(oasst_" in f and "__main__" not in f]
+        own_code = [f for f in frames if _is_project_frame(f)]
         profile.nearest[short_frame(own_code[-1]) if own_code else NO_PROJECT_FRAME] += count
     return profile
 
@@ -223,7 +231,7 @@ async def profile_during(
     return Sampled(profiles, cpu, wall, errors)
 
 
-def top_entries(label: str, profile: Profile, layers: int = 5, frames: int = 8) -> Table:
+def top_entries(label: str, profile: Profile, layers: int = 5, frames: int = 6) -> Table:
     """One short table of a profile: its top layers, top frames by own time, and the samples charged to the
     innermost frame of the project's code on their stack."""
     table = Table(label, ["kind", "%", "samples", "frame"])

