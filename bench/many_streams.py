@@ -270,6 +270,8 @@ async def run(args: argparse.Namespace) -> Report:
             release.set()
             await asyncio.gather(*(w.close() for w in pool))
         peak = peak_rss_mb(server.pid)
+        log = server.process.log_path.read_text(errors="replace")
+        pool_timeouts = log.count("QueuePool limit")
         times = await message_times(server.database_url, streams.message_ids)
     waits = [
         t["started_at"] - t["enqueued_at"]
@@ -322,12 +324,18 @@ async def run(args: argparse.Namespace) -> Report:
         server_rss_all_open_mib=rss_all_open,
         server_peak_rss_mib=peak,
         server_cpu_s=server_cpu,
+        database_pool_timeouts=pool_timeouts,
         complete=streams.complete,
         errors=errors,
         first_error=streams.errors[0] if streams.errors else None,
     )
     if streams.errors:
         report.notes.append(f"{len(streams.errors)} streams failed; the first: {streams.errors[0]}")
+    if pool_timeouts:
+        report.notes.append(
+            f"the server's log has {pool_timeouts} waits for a database connection that timed out (the pool "
+            "of OASST_SERVER_DATABASE_POOL_SIZE connections and as many overflow ones was exhausted)"
+        )
     report.notes.append(
         "the time to first token is all added time (a synthetic worker sends the first token when the job "
         f"arrives); at most {opening_limit} streams wait for their first token at a time, the others being "
@@ -361,7 +369,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, help="synthetic workers (default 1,000)")
     p.add_argument("--opening", type=int, help="streams waiting for their first token at once (default 100)")
     p.add_argument(
-        "--open-timeout", type=float, default=600.0, help="seconds to wait for every stream to open"
+        "--open-timeout", type=float, default=900.0, help="seconds to wait for every stream to open"
     )
     main_wrapper(run, p.parse_args())
 
