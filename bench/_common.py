@@ -369,6 +369,26 @@ class Server:
         return self.process.proc.pid
 
 
+async def connect_synthetic_worker(url: str, model_config: Any, slots: int) -> Any:
+    """A websocket to the server's ``/workers/work`` that has announced itself as a worker of
+    ``model_config`` with ``slots`` slots: the benchmarks' synthetic workers speak the protocol on it."""
+    from websockets.asyncio.client import connect
+
+    from oasst_shared.protocol import (
+        API_KEY_HEADER,
+        PROTOCOL_VERSION,
+        PROTOCOL_VERSION_HEADER,
+        WorkerInfo,
+        dump_frame,
+    )
+
+    headers = {API_KEY_HEADER: WORKER_API_KEY, PROTOCOL_VERSION_HEADER: str(PROTOCOL_VERSION)}
+    ws = await connect(url, additional_headers=headers, ping_interval=None, max_queue=None)
+    info = WorkerInfo(model_config=model_config, max_parallel_requests=slots, backend_kind="fake")
+    await ws.send(dump_frame(info))
+    return ws
+
+
 def instant_model_config(name: str = INSTANT_MODEL) -> Any:
     from oasst_shared.model_configs import ModelConfig
 

@@ -15,10 +15,11 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import httpx
-import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.background import BackgroundTask
+
+from bench.instant_backend import serve
 
 
 def create_app(backend_url: str) -> FastAPI:
@@ -66,15 +67,7 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8012)
     parser.add_argument("--backend", required=True, help="the instant backend's URL")
     args = parser.parse_args()
-    uvicorn.run(
-        create_app(args.backend),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
-        timeout_keep_alive=30,
-    )
+    serve(create_app(args.backend), args.host, args.port)
 
 
 if __name__ == "__main__":

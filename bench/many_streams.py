@@ -31,12 +31,12 @@ from typing import Any
 import httpx
 
 from bench._common import (
-    WORKER_API_KEY,
     BenchRun,
     OurApi,
     Report,
     Table,
     Target,
+    connect_synthetic_worker,
     cpu_seconds,
     http_client,
     instant_model_config,
@@ -71,22 +71,7 @@ class HoldingWorker:
         self.tasks: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
-        from websockets.asyncio.client import connect
-
-        from oasst_shared.protocol import (
-            API_KEY_HEADER,
-            PROTOCOL_VERSION,
-            PROTOCOL_VERSION_HEADER,
-            WorkerInfo,
-            dump_frame,
-        )
-
-        headers = {API_KEY_HEADER: WORKER_API_KEY, PROTOCOL_VERSION_HEADER: str(PROTOCOL_VERSION)}
-        self.ws = await connect(self.url, additional_headers=headers, ping_interval=None, max_queue=None)
-        info = WorkerInfo(
-            model_config=self.model_config, max_parallel_requests=self.slots, backend_kind="fake"
-        )
-        await self.ws.send(dump_frame(info))
+        self.ws = await connect_synthetic_worker(self.url, self.model_config, self.slots)
         self._spawn(self._serve())
 
     def _spawn(self, coro: Any) -> None:
@@ -138,6 +123,8 @@ class Streams:
     complete: int = 0
     errors: list[str] = field(default_factory=list)
     message_ids: list[str] = field(default_factory=list)
+    not_started: int = 0  # still waiting to open when the opening deadline passed: never sent
+    deadline_passed: bool = False
     all_open: asyncio.Event = field(default_factory=asyncio.Event)
 
     @property
@@ -162,6 +149,10 @@ async def one_stream(
     body["max_tokens"] = 1000  # room for the in-progress time bound; the worker sends TOKENS
     headers = {"Authorization": f"Bearer {token}"}
     await opening.acquire()
+    if streams.deadline_passed:
+        opening.release()
+        streams.not_started += 1
+        return
     holding = True
     started = time.perf_counter()
     tokens = 0
@@ -260,6 +251,7 @@ async def run(args: argparse.Namespace) -> Report:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(streams.all_open.wait(), timeout=args.open_timeout)
                 opened_in = time.perf_counter() - wall0
+                streams.deadline_passed = True
                 held = len(streams.ttft) - streams.complete
                 rss_all_open = rss_mb(server.pid)
                 release.set()
@@ -325,12 +317,18 @@ async def run(args: argparse.Namespace) -> Report:
         server_peak_rss_mib=peak,
         server_cpu_s=server_cpu,
         database_pool_timeouts=pool_timeouts,
+        not_started=streams.not_started,
         complete=streams.complete,
         errors=errors,
         first_error=streams.errors[0] if streams.errors else None,
     )
     if streams.errors:
         report.notes.append(f"{len(streams.errors)} streams failed; the first: {streams.errors[0]}")
+    if streams.not_started:
+        report.notes.append(
+            f"{streams.not_started:,} streams were not started: they were still waiting for their turn to "
+            f"open when the {args.open_timeout:.0f} s given to open them all had passed (counted as errors)"
+        )
     if pool_timeouts:
         report.notes.append(
             f"the server's log has {pool_timeouts} waits for a database connection that timed out (the pool "
@@ -369,7 +367,7 @@ def main() -> None:
     p.add_argument("--workers", type=int, help="synthetic workers (default 1,000)")
     p.add_argument("--opening", type=int, help="streams waiting for their first token at once (default 100)")
     p.add_argument(
-        "--open-timeout", type=float, default=900.0, help="seconds to wait for every stream to open"
+        "--open-timeout", type=float, default=300.0, help="seconds to wait for every stream to open"
     )
     main_wrapper(run, p.parse_args())
 

@@ -17,6 +17,7 @@ tokens/s and the per-process efficiency (tokens/s at N over N times tokens/s at 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ import httpx
 from bench._common import (
     INSTANT_MODEL,
     BenchRun,
+    LoadSummary,
     OurApi,
     Report,
     Table,
@@ -136,19 +138,8 @@ async def run(args: argparse.Namespace) -> Report:
                 if replicas == 1:
                     baseline = ours.tokens_per_s
                 peaks = [peak_rss_mb(s.pid) for s in servers]
-                table.rows.append(
-                    [
-                        f"{replicas} replica{'s' if replicas > 1 else ''}",
-                        num(ours.tokens_per_s),
-                        fmt_ratio(ratio(ours.tokens_per_s, baseline)),
-                        ms(ours.ttft_p(50)),
-                        ms(ours.ttft_p(99)),
-                        num(cpu, 1),
-                        num(ours.tokens / cpu if cpu > 0 else None),
-                        " / ".join(num(p) for p in peaks),
-                        str(ours.errors),
-                    ]
-                )
+                label = f"{replicas} replica{'s' if replicas > 1 else ''}"
+                table.rows.append([label, *_cells(ours, ratio(ours.tokens_per_s, baseline), cpu, peaks)])
                 report.metrics[f"replicas_{replicas}"] = {
                     "tokens_per_s": ours.tokens_per_s,
                     "ttft_p50": ours.ttft_p(50),
@@ -194,13 +185,13 @@ async def _processes(
             "processes",
             "tok/s",
             "vs 1 process",
-            "per-process efficiency",
             "TTFT p50 ms",
             "TTFT p99 ms",
             "server CPU-s (all processes)",
             "tok per server CPU-s",
             "peak RSS MiB (each)",
             "errors",
+            "per-process efficiency",
         ],
     )
     baseline = None
@@ -216,7 +207,7 @@ async def _processes(
         api = OurApi(client, server.url)
         users = await login_users(api, concurrency, f"processes{count}")
         timed = await prepare_ours([api], users, concurrency, total, INSTANT_MODEL, tokens, PROMPT)
-        pids = [p for p in tree_pids(server.pid) if p != server.pid]
+        pids = _app_processes(server.pid) or [server.pid]  # one process: uvicorn runs the app itself
         cpu0 = sum(cpu_seconds(p) for p in pids)
         ours = summarize(await timed())
         cpu = sum(cpu_seconds(p) for p in pids) - cpu0
@@ -225,20 +216,7 @@ async def _processes(
         scale = ratio(ours.tokens_per_s, baseline)
         efficiency = scale / count if scale is not None else None
         peaks = [peak_rss_mb(p) for p in pids if peak_rss_mb(p) > 0]
-        table.rows.append(
-            [
-                str(count),
-                num(ours.tokens_per_s),
-                fmt_ratio(scale),
-                fmt_ratio(efficiency),
-                ms(ours.ttft_p(50)),
-                ms(ours.ttft_p(99)),
-                num(cpu, 1),
-                num(ours.tokens / cpu if cpu > 0 else None),
-                " / ".join(num(p) for p in peaks),
-                str(ours.errors),
-            ]
-        )
+        table.rows.append([str(count), *_cells(ours, scale, cpu, peaks), fmt_ratio(efficiency)])
         report.metrics[f"processes_{count}"] = {
             "tokens_per_s": ours.tokens_per_s,
             "scale": scale,
@@ -274,6 +252,32 @@ async def _processes(
         "shared by the processes, the workers, the backend and the load generator: past 2 processes no gain "
         "is possible here, and even 2 processes compete with everything else."
     )
+
+
+def _cells(summary: LoadSummary, scale: float | None, cpu: float, peaks: list[float]) -> list[str]:
+    """A load's cells: tok/s, against the baseline, TTFT p50 and p99, server CPU, tokens per CPU-second,
+    peak RSS of each process, errors."""
+    return [
+        num(summary.tokens_per_s),
+        fmt_ratio(scale),
+        ms(summary.ttft_p(50)),
+        ms(summary.ttft_p(99)),
+        num(cpu, 1),
+        num(summary.tokens / cpu if cpu > 0 else None),
+        " / ".join(num(p) for p in peaks),
+        str(summary.errors),
+    ]
+
+
+def _app_processes(supervisor: int) -> list[int]:
+    """The app processes uvicorn's supervisor spawned (not its other children, such as multiprocessing's
+    resource tracker)."""
+    found = []
+    for pid in tree_pids(supervisor):
+        with contextlib.suppress(OSError):
+            if b"multiprocessing.spawn" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+    return found
 
 
 def _wait_ready(log_path: Path, count: int, timeout: float = 90) -> None:
