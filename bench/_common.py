@@ -38,7 +38,11 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH_DIR = ROOT / "bench"
 
 INSTANT_MODEL = "bench-instant"
-NO_ADMISSION_LIMITS = {"OASST_SERVER_RATE_LIMIT_PER_MINUTE": "0", "OASST_SERVER_MAX_QUEUE_SIZE": "1000000"}
+NO_ADMISSION_LIMITS = {
+    "OASST_SERVER_RATE_LIMIT_PER_MINUTE": "0",
+    "OASST_SERVER_MAX_CONCURRENT_GENERATIONS_PER_USER": "0",
+    "OASST_SERVER_MAX_QUEUE_SIZE": "1000000",
+}
 # Benchmarks run synthetic workers with hundreds of slots: the most the protocol allows.
 BENCH_WORKER_LIMITS = {"OASST_SERVER_MAX_SLOTS_PER_WORKER": "1024"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -300,7 +304,7 @@ class BenchRun:
     def start_server(
         self, database_url: str, redis_prefix: str | None, *, admission_limits: bool = False, **extra: str
     ) -> Server:
-        """A server process. Without ``admission_limits`` the per-user rate limit and the queue cap are off:
+        """A server process. Without ``admission_limits`` the per-user limits and the queue cap are off:
         the relay benchmarks measure the broker, and their synthetic users ask faster than people."""
         port = free_port()
         limits = {} if admission_limits else NO_ADMISSION_LIMITS

@@ -414,6 +414,13 @@ def render_protocol() -> str:
         f"socket with `{p.CLOSE_MESSAGE_TOO_BIG}`."
     )
     w(
+        "- **Encoding.** Every frame is one websocket text frame holding one JSON object, UTF-8; the field "
+        "order and spacing do not matter. The reference worker and server write and read the hot frames, "
+        "`token` and `token_batch`, with msgspec (`oasst_shared/token_frames.py`) to exactly the JSON these "
+        "schemas define, and check them against the same bounds; any other JSON writer (older workers "
+        "used pydantic) is read alike."
+    )
+    w(
         "- **Text.** Every text a frame carries (`token.text`, `generated_text.text`, `error.error`, the "
         "turns, system prompt and raw prompt of `work`, the inputs of `embed`) holds no NUL character and "
         "no lone surrogate. The worker turns backend output that breaks this into a final `error` for its "

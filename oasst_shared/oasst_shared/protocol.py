@@ -18,6 +18,9 @@ its thread ``tool`` turns and assistant ``tool_calls``; :class:`Token` may carry
 :class:`GeneratedText` ``tool_calls``. The server sends protocol 2 workers their work without the new
 fields (:func:`dump_work`) and never routes them requests that need a capability they did not report.
 
+The hot frames, ``token`` and ``token_batch``, are written and read without pydantic by
+:mod:`oasst_shared.token_frames`, to the same schema: these models define them and document them.
+
 Bump :data:`PROTOCOL_VERSION` on any change an older peer would misread; the server refuses workers
 older than :data:`MIN_SUPPORTED_PROTOCOL_VERSION` and tells them to upgrade.
 """
@@ -83,6 +86,8 @@ def text_problem(value: str) -> str | None:
     """Why ``value`` may not cross the worker socket (NUL, or not valid Unicode), or None."""
     if "\x00" in value:
         return "text holds a NUL character"
+    if value.isascii():  # a flag CPython keeps: most token texts need no encoding to be checked
+        return None
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -99,7 +104,8 @@ def _valid_text(value: str) -> str:
 
 # Text a frame carries: no NUL, no lone surrogate (pydantic's JSON parser already refuses escaped ones).
 SafeText = Annotated[str, AfterValidator(_valid_text)]
-MessageId = Annotated[str, Field(min_length=1, max_length=64)]
+MAX_MESSAGE_ID_CHARS = 64
+MessageId = Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_ID_CHARS)]
 
 
 def frame_bytes(text: str) -> int:

@@ -206,6 +206,22 @@ def test_backend_faults_fail_or_retry_one_message_and_spare_the_others(
     worker.stop()
 
 
+def test_an_answer_completes_when_the_backend_keeps_its_response_open_after_the_last_event(
+    fault_stack, fake_backend
+):
+    # The worker reads a TGI response to its end to pool the connection; one that never ends costs
+    # the connection (closed after a short wait), not the answer.
+    model = fake_model()
+    worker = start_fake_worker(fault_stack, fake_backend, model)
+    api = new_api(fault_stack)
+    for _ in range(2):
+        final = final_of(api.events(*queue(api, model.name, "[[linger]] answer", max_new_tokens=5)))
+        assert final["event_type"] == "message" and final["message"]["state"] == "complete"
+        assert final["message"]["content"] == "".join(f" w{i}" for i in range(1, 6))
+        assert final["message"]["attempts"] == 1
+    worker.stop()
+
+
 def test_a_model_with_no_worker_fails_with_a_clear_error(fault_stack):
     model = fake_model()
 

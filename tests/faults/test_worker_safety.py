@@ -369,6 +369,9 @@ def _lease_scenario(database_url: str, prefix: str, tmp_path: Path, fake_backend
         async with RawWorker(stack_a, model) as held:
             chat_id, message_id = await asyncio.to_thread(queue, api, model.name, "hello", max_new_tokens=4)
             assert (await held.next_frame("work"))["message_id"] == message_id
+            # The work is sent while the claim commits: kill A only once the claim holds (a replica
+            # killed before its claim commits leaves the message pending, and it is simply re-queued).
+            await asyncio.to_thread(wait_state, api, chat_id, message_id, {"in_progress"}, 10)
             await held.ws.send(dump_frame(Token(message_id=message_id, text=" partial")))
             server_a.kill()  # the socket's replica is gone: no cleanup runs anywhere
         rescuer = await asyncio.to_thread(start_fake_worker, stack_b, fake_backend, model)

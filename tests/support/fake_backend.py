@@ -10,6 +10,7 @@ Run: ``python tests/support/fake_backend.py PORT``. What it does depends on a ma
 * ``[[busy]]``   a 429 overloaded error (the backend has no room: not the message's fault)
 * ``[[nul]]``    three tokens, the second holding a NUL character (text no frame may carry)
 * ``[[huge]]``   max_new_tokens tokens of 2,000 characters each (an answer over the frame limit)
+* ``[[linger]]`` a whole answer, then the response stays open (it never ends after its last event)
 * otherwise     ``max_new_tokens`` tokens at once, then eos
 
 ``GET /stats`` reports how many streams started, finished and were disconnected by the client.
@@ -90,6 +91,8 @@ async def generate_stream(request: Request) -> Response:
                 if delay:
                     await asyncio.sleep(delay)
             STATS["finished"] += 1
+            if "[[linger]]" in prompt:
+                await asyncio.sleep(3600)
         except asyncio.CancelledError:
             STATS["disconnected"] += 1
             raise

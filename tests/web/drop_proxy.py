@@ -1,9 +1,9 @@
 """A reverse proxy between the browser and the server that cuts an answer's event stream mid-way:
 the network fault of the resume test, injected at the one place a browser cannot fake it.
 
-Every request is relayed unchanged. The first event stream (``.../events``) is relayed for a few
-``token`` events, then held until the test calls ``cut()``, which aborts that connection as a
-dropped network would. The stream the page reconnects with is relayed up to its terminal event,
+Every request is relayed unchanged. The first event stream (a turn's ``POST .../turns``, or an
+answer's ``.../events``) is relayed for a few ``token`` events, then held until the test calls
+``cut()``, which aborts that connection as a dropped network would. The stream the page reconnects with is relayed up to its terminal event,
 which is held until ``release()``: the test can look at the streamed text before the final event
 could correct it. Later streams pass through.
 """
@@ -32,6 +32,8 @@ class StreamCut(Exception):
 
 @dataclass
 class EventsRequest:
+    method: str
+    path: str
     last_event_id: str | None
     relayed_ids: list[str] = field(default_factory=list)
 
@@ -69,8 +71,10 @@ class DropProxy:
             )
             response = await client.send(upstream, stream=True)
             body = response.aiter_raw()
-            if request.url.path.endswith("/events") and response.status_code == 200:
-                body = self._tap(body, EventsRequest(request.headers.get("last-event-id")))
+            path = request.url.path
+            if path.endswith(("/events", "/turns")) and response.status_code == 200:
+                record = EventsRequest(request.method, path, request.headers.get("last-event-id"))
+                body = self._tap(body, record)
 
             async def relayed() -> AsyncIterator[bytes]:
                 try:

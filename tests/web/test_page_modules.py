@@ -125,3 +125,79 @@ def test_message_tree_threads_and_branches(page):
         "chooseA1": "a3",
         "extended": "p1 a1 p2 a3",
     }
+
+
+# A signed-in page for the modules that call the API: an access token the page need not refresh
+# (the routes below answer for the server, so it is never checked).
+FAKE_SESSION = """() => {
+  const claims = btoa(JSON.stringify({ exp: Math.floor(Date.now() / 1000) + 3600 }));
+  localStorage.setItem('oasst.session', JSON.stringify({ access: `x.${claims}.y`, refresh: 'r' }));
+}"""
+
+# Sends a turn with followTurn and reports what came of it: the events in order, and how it ended.
+FOLLOW_TURN = """async () => {
+  const { followTurn } = await import('/static/js/events.js');
+  const seen = [];
+  let outcome = 'ended';
+  try {
+    await followTurn('/chats/t/turns', { content: 'hi' }, {
+      signal: new AbortController().signal,
+      onCreated: (event) => {
+        seen.push(`created ${event.assistant_message.id}`);
+        return `/chats/t/messages/${event.assistant_message.id}/events`;
+      },
+      onEvent: (event) => seen.push(`${event.event_type} ${event.text ?? ''}`.trim()),
+      onConnection: (state) => seen.push(state),
+    });
+  } catch (error) {
+    outcome = `${error.constructor.name} ${error.code ?? ''}`.trim();
+  }
+  return { seen, outcome };
+}"""
+
+CREATED = 'data: {"event_type":"created","prompter_message":{"id":"p"},"assistant_message":{"id":"a"}}\n\n'
+
+
+def sse(status: int, body: str) -> dict:
+    return {"status": status, "headers": {"Content-Type": "text/event-stream"}, "body": body}
+
+
+def test_a_turn_broken_after_created_resumes_from_the_answers_events(page):
+    page.evaluate(FAKE_SESSION)
+    resumed_with = []
+    page.route(
+        "**/chats/t/turns",
+        lambda route: route.fulfill(
+            **sse(200, CREATED + 'id: 1-0\ndata: {"event_type":"token","text":"A"}\n\n')
+        ),
+    )
+
+    def events(route):
+        resumed_with.append(route.request.headers.get("last-event-id"))
+        body = 'id: 2-0\ndata: {"event_type":"token","text":"B"}\n\n'
+        route.fulfill(**sse(200, body + 'id: 3-0\ndata: {"event_type":"message","message":{"id":"a"}}\n\n'))
+
+    page.route("**/chats/t/messages/a/events", events)
+    result = page.evaluate(FOLLOW_TURN)
+    assert result == {
+        "seen": ["created a", "token A", "reconnecting", "open", "token B", "message"],
+        "outcome": "ended",
+    }
+    assert resumed_with == ["1-0"]
+
+
+def test_a_turn_broken_before_created_says_so_and_a_refused_one_rejects(open_page):
+    web = open_page()
+    web.goto()
+    page = web.page
+    page.evaluate(FAKE_SESSION)
+    page.route("**/chats/t/turns", lambda route: route.fulfill(**sse(200, ": ping\n\n")))
+    result = page.evaluate(FOLLOW_TURN)
+    assert result == {"seen": ["reconnecting"], "outcome": "TurnInterrupted"}
+    # A refusal is the API error, before any event.
+    page.unroute("**/chats/t/turns")
+    refusal = {"detail": "wait", "code": "too_many_concurrent_generations"}
+    page.route("**/chats/t/turns", lambda route: route.fulfill(status=429, json=refusal))
+    web.watch.allow("status 429", "/chats/t/turns")
+    result = page.evaluate(FOLLOW_TURN)
+    assert result == {"seen": [], "outcome": "ApiError too_many_concurrent_generations"}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from urllib.parse import urlsplit
 
 import httpx
 import jwt
@@ -63,11 +64,22 @@ def signed_in(
     return web, server
 
 
+def chat_requests(page) -> list[str]:
+    """Records "METHOD path" of every request the page makes to /chats/{id}/... from now on."""
+    seen: list[str] = []
+    page.on(
+        "request",
+        lambda r: seen.append(f"{r.method} {urlsplit(r.url).path}") if "/chats/" in r.url else None,
+    )
+    return seen
+
+
 def test_chat_streams_an_answer_and_a_reload_restores_it(open_page, web_stack):
     web, server = signed_in(open_page, web_stack, SHORT)
     page = web.page
     expect(page.locator("#model")).to_have_value(web_stack.model_name)
     page.evaluate(WATCH_STREAMING)
+    requests = chat_requests(page)
     web.send("Hello! Who are you? Answer in two sentences.")
     expect(web.prompts.first.locator(".msg-body")).to_have_text(
         "Hello! Who are you? Answer in two sentences."
@@ -83,6 +95,9 @@ def test_chat_streams_an_answer_and_a_reload_restores_it(open_page, web_stack):
     stored = server.chat(chat_id)
     prompt, reply = stored["messages"]
     assert reply["state"] == "complete" and reply["content"].strip()
+    # The message went as one turn: one POST that created both messages and streamed the answer
+    # (then the title is read back); no prompter_message, assistant_message or events request.
+    assert requests == [f"POST /chats/{chat_id}/turns", f"GET /chats/{chat_id}"], requests
     assert reply["sampling_parameters"]["max_new_tokens"] == 48
     expect(answer.locator(".msg-status")).to_contain_text(f"{reply['generated_tokens']} tokens")
     shown = web.answer_text()
@@ -106,6 +121,7 @@ def test_stop_regenerate_edit_and_switch_branches(open_page, web_stack):
         open_page, web_stack, {**SHORT, "custom_sampling_parameters": {"max_new_tokens": 160}}
     )
     page = web.page
+    requests = chat_requests(page)
     # Stop: the answer ends as cancelled, with the text written so far.
     web.send(LONG_STORY)
     first = web.answers.first
@@ -139,6 +155,9 @@ def test_stop_regenerate_edit_and_switch_branches(open_page, web_stack):
     expect(web.prompts.nth(1).locator(".msg-body")).to_have_text("Thanks! Now say hello again.")
     expect(web.prompts.nth(1).locator(".sibling-nav")).to_contain_text("2 / 2")
     web.wait_answered(1)
+    # Messages and the edited one went as turns; only the regenerated answer was asked for alone.
+    posts = [r.rsplit("/", 1)[-1] for r in requests if r.startswith("POST")]
+    assert sorted(posts) == ["assistant_message", "cancel", "turns", "turns", "turns"], requests
     # Back to the first version of the reply: its own answer comes with it.
     web.prompts.nth(1).get_by_role("button", name="Previous version of this message").click()
     expect(web.prompts.nth(1).locator(".msg-body")).to_have_text("Thanks! Now say goodbye.")
@@ -397,18 +416,22 @@ def test_a_dropped_connection_resumes_without_duplicated_text(open_page, web_sta
         answer = web.answers.first
         expect(answer.locator(".msg-body")).not_to_have_text("")
         before = web.answer_text()
-        web.watch.allow("failed", "/events")
+        web.watch.allow("failed", "/turns")
         proxy.cut()
         expect(answer.locator(".msg-status")).to_have_text("Connection lost. Reconnecting…")
         web.screenshot("reconnecting-desktop-light")
         # The page comes back with Last-Event-ID and gets only what it missed. The final event is
         # held back, so what is on screen now was streamed, not corrected by the final message.
         wait_until(proxy.holding_terminal.is_set, timeout=ANSWER_TIMEOUT / 1000, what="the resumed stream")
+        # The answer streamed in the turn's own response; the page resumed it from the answer's events,
+        # with the id of the answer from the turn's `created` event.
         first, resumed = proxy.requests
-        assert first.last_event_id is None and resumed.last_event_id == first.relayed_ids[-1]
-        assert len(first.relayed_ids) == 3 and not set(first.relayed_ids) & set(resumed.relayed_ids)
         chat_id = web.chat_id()
         reply = server.chat(chat_id)["messages"][1]
+        assert (first.method, first.path) == ("POST", f"/chats/{chat_id}/turns")
+        assert (resumed.method, resumed.path) == ("GET", f"/chats/{chat_id}/messages/{reply['id']}/events")
+        assert first.last_event_id is None and resumed.last_event_id == first.relayed_ids[-1]
+        assert len(first.relayed_ids) == 3 and not set(first.relayed_ids) & set(resumed.relayed_ids)
         assert reply["state"] == "complete"
         expected = page.evaluate(RENDERED_TEXT, reply["content"])
         expect(answer.locator(".msg-body")).to_have_text(expected)
@@ -417,7 +440,7 @@ def test_a_dropped_connection_resumes_without_duplicated_text(open_page, web_sta
         web.wait_answered()
         expect(answer.locator(".msg-status")).to_contain_text(f"{reply['generated_tokens']} tokens")
         expect(answer.locator(".msg-body")).to_have_text(expected)
-        assert web.watch.seen("failed", "/events") == 1
+        assert web.watch.seen("failed", "/turns") == 1 and web.watch.seen("failed", "/events") == 0
 
 
 def test_a_rate_limit_is_explained_with_its_wait(open_page, web_stack):
@@ -436,7 +459,7 @@ def test_a_rate_limit_is_explained_with_its_wait(open_page, web_stack):
         server.call("POST", f"/chats/{chat_id}/messages/{answer.json()['id']}/cancel")
     web = open_page()
     web.sign_in(name)
-    web.watch.allow("status 429", "/assistant_message")
+    web.watch.allow("status 429", "/turns")
     web.send("One more, please.")
     error = web.page.locator("#thread .answer-error").get_by_role("alert")
     expect(error).to_have_text(
@@ -445,10 +468,58 @@ def test_a_rate_limit_is_explained_with_its_wait(open_page, web_stack):
     wait = int(re.search(r"in (\d+) s", error.inner_text()).group(1))
     assert 0 < wait <= 60
     expect(web.page.locator("#thread .answer-error").get_by_role("button", name="Try again")).to_be_visible()
-    # The prompt itself was kept; the composer is free for the next message.
+    # The prompt is shown with why; the composer is free for the next message.
+    expect(web.prompts).to_have_count(1)
     expect(web.prompts.last.locator(".msg-body")).to_have_text("One more, please.")
     expect(web.page.locator("#send")).to_be_enabled()
     web.screenshot("rate-limit-desktop-light")
+    # The turn was refused whole: the prompt is not stored, so a reload shows an empty chat.
+    new_chat = web.chat_id()
+    assert new_chat != chat_id and server.chat(new_chat)["messages"] == []
+    web.page.reload()
+    expect(web.page.locator("#empty-chat")).to_be_visible()
+    expect(web.prompts).to_have_count(0)
+    expect(web.page.locator("#thread .answer-error")).to_have_count(0)
+
+
+def set_system_prompt(page, text: str) -> None:
+    page.get_by_role("button", name="Chat settings").click()
+    dialog = page.get_by_role("dialog", name="Chat settings")
+    dialog.get_by_label("System prompt for this chat").fill(text)
+    dialog.get_by_role("button", name="Done").click()
+
+
+def test_a_refused_turn_stores_nothing_and_try_again_sends_it_in_its_place(open_page, web_stack):
+    web, server = signed_in(open_page, web_stack, SHORT)
+    page = web.page
+    requests = chat_requests(page)
+    # A system prompt over the server's limit: the answer is refused, and with it the whole turn.
+    set_system_prompt(page, "Answer in one short sentence. " * 300)
+    web.watch.allow("status 422", "/turns")
+    web.send("What is the capital of France?")
+    answer_error = page.locator("#thread .answer-error")
+    expect(answer_error.get_by_role("alert")).to_have_text(
+        re.compile(r"^the system prompt has \d+ characters; this server accepts \d+$")
+    )
+    expect(web.prompts).to_have_count(1)
+    expect(web.prompts.first.locator(".msg-body")).to_have_text("What is the capital of France?")
+    chat_id = web.chat_id()
+    assert server.chat(chat_id)["messages"] == []
+    # Try again, with a shorter system prompt: the same prompt goes again, in its place.
+    set_system_prompt(page, "Answer in one short sentence.")
+    answer_error.get_by_role("button", name="Try again").click()
+    web.wait_answered()
+    expect(answer_error).to_have_count(0)
+    expect(web.prompts).to_have_count(1)
+    prompt, reply = server.chat(chat_id)["messages"]
+    assert prompt["content"] == "What is the capital of France?" and reply["parent_id"] == prompt["id"]
+    assert reply["state"] == "complete" and reply["system_prompt"] == "Answer in one short sentence."
+    assert requests.count(f"POST /chats/{chat_id}/turns") == 2, requests
+    assert not [r for r in requests if r.endswith(("/prompter_message", "/assistant_message"))], requests
+    page.reload()
+    web.wait_answered()
+    expect(web.prompts).to_have_count(1)
+    expect(web.answers).to_have_count(1)
 
 
 def test_an_attack_in_an_answer_or_a_title_stays_inert(open_page, web_stack, hostile_model):
@@ -529,12 +600,18 @@ def test_an_attack_in_an_answer_or_a_title_stays_inert(open_page, web_stack, hos
     assert page.locator("#chat-list b, #chat-title b, #chat-list script").count() == 0
     # When the model's worker goes away, asking it again says so, and the picker moves on.
     hostile_model.stop()
-    web.watch.allow("status 400", "/assistant_message")
+    web.watch.allow("status 400", "/turns")
     web.send("Are you still there?")
     expect(web.page.locator("#thread .answer-error").get_by_role("alert")).to_have_text(
         f"{HOSTILE_MODEL} is not available any more. Pick another model."
     )
+    expect(web.prompts.last.locator(".msg-body")).to_have_text("Are you still there?")
     expect(page.locator("#model")).to_have_value(web_stack.model_name)
+    # Nothing of the refused turn was stored: no prompt without an answer after a reload.
+    assert len(server.chat(web.chat_id())["messages"]) == 2
+    page.reload()
+    web.wait_answered()
+    expect(web.prompts).to_have_count(1)
 
 
 def assert_checks_find_problems(page) -> None:

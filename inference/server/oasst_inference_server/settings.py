@@ -101,6 +101,14 @@ class Settings(BaseSettings):
         gt=0,
         description="A worker silent this long is disconnected and its messages are retried elsewhere.",
     )
+    worker_send_timeout: float = Field(
+        default=5.0,
+        gt=0,
+        description="Seconds a frame to a worker may take to go out (the socket's buffers full: the worker "
+        "does not read); past it the worker is disconnected and its messages are retried elsewhere. A job "
+        "is sent while its claim's transaction is still open, so this also bounds how long a worker that "
+        "does not read can hold a database connection.",
+    )
     worker_hello_timeout: float = Field(
         default=10.0, gt=0, description="Seconds a new worker connection has to send its `worker_info` frame."
     )

@@ -17,6 +17,7 @@ from oasst_shared.protocol import (
     TokenBatch,
     parse_worker_frame,
 )
+from oasst_shared.token_frames import TokenFrame
 from oasst_worker.connection import frame_sender
 from oasst_worker.connection.frame_sender import FrameSender
 
@@ -63,8 +64,8 @@ async def sender(socket: GatedSocket) -> AsyncIterator[FrameSender]:
     await asyncio.gather(task, return_exceptions=True)
 
 
-def token(message_id: str, text: str) -> Token:
-    return Token(message_id=message_id, text=text)
+def token(message_id: str, text: str) -> TokenFrame:
+    return TokenFrame(message_id, text)
 
 
 async def settle() -> None:
@@ -222,3 +223,22 @@ async def test_a_result_over_the_frame_limit_becomes_an_error_for_its_message_on
     assert isinstance(frames[0], WorkerError) and frames[0].message_id == "big" and not frames[0].retryable
     assert "frame" in frames[0].error
     assert isinstance(frames[1], GeneratedText) and frames[1].message_id == "small"
+
+
+async def test_a_token_no_frame_may_carry_becomes_an_error_for_its_message_only(
+    socket: GatedSocket, sender: FrameSender
+) -> None:
+    # Jobs check their text before sending; the sender does not let such a token end the connection.
+    from oasst_shared.protocol import WorkerError
+
+    socket.gate.clear()
+    await sender.send(token("a", "first"))
+    await settle()
+    for message_id, text in (("a", " ok"), ("bad", "\ud800"), ("a", " fine")):
+        await sender.send(token(message_id, text))
+    socket.gate.set()
+    await settle()
+    frames = socket.frames()
+    errors = [f for f in frames if isinstance(f, WorkerError)]
+    assert [(e.message_id, e.retryable) for e in errors] == [("bad", False)]
+    assert socket.tokens() == [("a", "first"), ("a", " ok"), ("a", " fine")]

@@ -15,8 +15,9 @@ from typing import Any
 from pydantic import BaseModel
 
 from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import ChatTurn, GeneratedText, Token, Work
+from oasst_shared.protocol import ChatTurn, GeneratedText, Work
 from oasst_shared.sampling import SamplingParameters
+from oasst_shared.token_frames import TokenFrame
 from oasst_worker.backends.protocols import GenerationBackend
 from oasst_worker.backends.records import BackendInfo, GenerationResult, StreamedToken
 from oasst_worker.jobs.generation import GenerationJob
@@ -57,7 +58,7 @@ class Frames:
 
     async def __call__(self, frame: BaseModel) -> None:
         self.sent.append(frame)
-        tokens = sum(isinstance(f, Token) for f in self.sent)
+        tokens = sum(isinstance(f, TokenFrame) for f in self.sent)
         if self.job is not None and tokens == self.cancel_after:
             self.job.cancel_requested = True  # the cancel arrived; its task.cancel() was lost
 

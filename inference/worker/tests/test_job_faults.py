@@ -9,7 +9,8 @@ from typing import Any
 from pydantic import BaseModel
 
 from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import ChatTurn, Token, Work, WorkerError
+from oasst_shared.protocol import ChatTurn, Work, WorkerError
+from oasst_shared.token_frames import TokenFrame
 from oasst_worker.backends.protocols import GenerationBackend
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
 from oasst_worker.jobs.generation import GenerationJob
@@ -57,10 +58,10 @@ async def test_a_nul_in_the_backend_s_text_fails_the_message_without_a_retry() -
         [StreamedToken(" fine"), StreamedToken(" not\x00fine"), GenerationResult("", "length", 2)]
     )
     await job_for(backend).run(frames)
-    assert [type(f).__name__ for f in frames.sent] == ["Token", "WorkerError"]
+    assert [type(f).__name__ for f in frames.sent] == ["TokenFrame", "WorkerError"]
     error = frames.sent[-1]
     assert isinstance(error, WorkerError) and not error.retryable and not error.backend_unavailable
-    assert "NUL" in error.error and isinstance(frames.sent[0], Token)
+    assert "NUL" in error.error and isinstance(frames.sent[0], TokenFrame)
 
 
 async def test_a_backend_refusal_is_reported_as_unavailable() -> None:

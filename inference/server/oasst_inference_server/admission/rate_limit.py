@@ -2,7 +2,11 @@
 
 Both are counted in the database (messages enqueued by the user in the last minute; the user's pending
 and in-progress messages), so they hold across any number of replicas with no extra state. Two requests
-racing past the check together may both get in: the limits are fair-use guards, not quotas to the unit.
+racing past the check together would both get in, so on Postgres the check first locks the user's row
+until the transaction that inserts the new message commits: one user's submissions are admitted one at a
+time, and a burst of simultaneous requests cannot push past the limits (other users never wait on that
+lock). SQLite (the single-process development default) has no row locks; there two racing requests may
+both get in.
 
 A generation is any message that was queued for a worker (``enqueued_at`` set): a chat's assistant
 message, an OpenAI-API completion or an embedding request. Chat messages carry no ``user_id``; they
@@ -15,12 +19,12 @@ from __future__ import annotations
 import math
 from datetime import datetime, timedelta
 
-from sqlalchemy import ColumnElement, and_, func, or_
+from sqlalchemy import and_, literal, or_, union_all
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
-from sqlmodel.sql.expression import SelectOfScalar
+from sqlmodel.sql.expression import Select
 
-from oasst_inference_server.chats.usage_records import subject_of
+from oasst_inference_server.chats.usage_records import identity_subject
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUsageRecord, DbUser, utcnow
 from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES
 from oasst_inference_server.domain_errors import RateLimited
@@ -30,62 +34,74 @@ WINDOW = timedelta(minutes=1)
 _CONCURRENCY_RETRY_AFTER = 2  # seconds: a generation slot frees when any of the user's answers ends
 
 
-def _own_generations(user_id: str, condition: ColumnElement[bool]) -> list[SelectOfScalar[datetime | None]]:
-    """Two selects of the user's generations matching ``condition``: API requests and chat answers."""
-    direct = select(DbMessage.enqueued_at).where(DbMessage.user_id == user_id, condition)
+async def _identity(session: AsyncSession, user_id: str) -> str | None:
+    """The user's sign-in identity hash (``usage_records.subject_of``), reading the user's row; on
+    Postgres the row stays locked for the rest of the transaction (``FOR NO KEY UPDATE``: inserts that
+    reference the user, such as a new chat, do not wait for it). None if there is no such user."""
+    query = select(DbUser.provider, DbUser.provider_account_id).where(DbUser.id == user_id)
+    if session.get_bind().dialect.name == "postgresql":
+        query = query.with_for_update(key_share=True)
+    row = (await session.exec(query)).first()
+    return identity_subject(row[0], row[1]) if row is not None else None
+
+
+def _generations(
+    user_id: str, subject: str | None, *, active: bool, since: datetime | None
+) -> Select[datetime | None, bool]:
+    """One query for both limits: rows ``(enqueued_at, running)`` of the user's generations that are
+    running (if ``active``) or were enqueued at or after ``since`` (if given): API requests, chat
+    answers, and the usage records of deleted ones (never running)."""
+    running = (DbMessage.state.in_(ACTIVE_STATES) if active else literal(False)).label("running")
+    wanted = [DbMessage.state.in_(ACTIVE_STATES)] if active else []
+    if since is not None:
+        wanted.append(and_(DbMessage.enqueued_at.is_not(None), DbMessage.enqueued_at >= since))
+    direct = select(DbMessage.enqueued_at, running).where(DbMessage.user_id == user_id, or_(*wanted))
     via_chat = (
-        select(DbMessage.enqueued_at)
+        select(DbMessage.enqueued_at, running)
         .join(DbChat, DbChat.id == DbMessage.chat_id)
-        .where(DbChat.user_id == user_id, DbMessage.user_id.is_(None), condition)
+        .where(DbChat.user_id == user_id, DbMessage.user_id.is_(None), or_(*wanted))
     )
-    return [direct, via_chat]
-
-
-async def _count(session: AsyncSession, user_id: str, condition: ColumnElement[bool]) -> int:
-    total = 0
-    for query in _own_generations(user_id, condition):
-        total += int((await session.exec(select(func.count()).select_from(query.subquery()))).one())
-    return total
-
-
-async def _recorded_since(session: AsyncSession, user_id: str, since: datetime) -> list[datetime]:
-    """Generations of deleted messages: the user's own, and those of earlier accounts of the same
-    sign-in identity (``usage_records.py``)."""
-    user = await session.get(DbUser, user_id)
-    owner = DbUsageRecord.user_id == user_id
-    if user is not None:
-        owner = or_(owner, DbUsageRecord.subject == subject_of(user))
-    rows = await session.exec(
-        select(DbUsageRecord.enqueued_at).where(owner, DbUsageRecord.enqueued_at >= since)
-    )
-    return list(rows.all())
+    parts = [direct, via_chat]
+    if since is not None:
+        # Generations of deleted messages: the user's own, and those of earlier accounts of the same
+        # sign-in identity (``usage_records.py``).
+        owner = DbUsageRecord.user_id == user_id
+        if subject is not None:
+            owner = or_(owner, DbUsageRecord.subject == subject)
+        parts.append(
+            select(DbUsageRecord.enqueued_at, literal(False).label("running")).where(
+                owner, DbUsageRecord.enqueued_at >= since
+            )
+        )
+    rows = union_all(*parts).subquery()
+    return select(rows.c.enqueued_at, rows.c.running)
 
 
 async def check_generation_limits(session: AsyncSession, settings: Settings, user_id: str) -> None:
-    """Raise ``RateLimited`` (with ``retry_after``) if the user may not start another generation now."""
-    if settings.max_concurrent_generations_per_user:
-        active = DbMessage.state.in_(ACTIVE_STATES)
-        running = await _count(session, user_id, active)
-        if running >= settings.max_concurrent_generations_per_user:
+    """Raise ``RateLimited`` (with ``retry_after``) if the user may not start another generation now.
+    Two round trips: the user's row (locked on Postgres until ``session`` commits or rolls back: call
+    this in the transaction that inserts the generation, just before it), then one query for both limits."""
+    running_limit = settings.max_concurrent_generations_per_user
+    limit = settings.rate_limit_per_minute
+    if not running_limit and not limit:
+        return
+    subject = await _identity(session, user_id)
+    now = utcnow()
+    query = _generations(user_id, subject, active=bool(running_limit), since=now - WINDOW if limit else None)
+    rows = (await session.exec(query)).all()
+    if running_limit:
+        running = sum(1 for _, is_running in rows if is_running)
+        if running >= running_limit:
             raise RateLimited(
                 "too_many_concurrent_generations",
                 f"{running} of your generations are still running (the limit is "
-                f"{settings.max_concurrent_generations_per_user}): wait for one to finish",
+                f"{running_limit}): wait for one to finish",
                 retry_after=_CONCURRENCY_RETRY_AFTER,
             )
-    limit = settings.rate_limit_per_minute
     if limit:
-        now = utcnow()
-        recent_condition = and_(
-            DbMessage.enqueued_at.is_not(None),
-            DbMessage.enqueued_at >= now - WINDOW,
-        )
-        recent: list[datetime] = []
-        for query in _own_generations(user_id, recent_condition):
-            recent.extend(t for t in (await session.exec(query)).all() if t is not None)
-        recent.extend(await _recorded_since(session, user_id, now - WINDOW))
+        since = now - WINDOW
+        recent = sorted(t for t, _ in rows if t is not None and t >= since)
         if len(recent) >= limit:
-            recent.sort()
             # Once the oldest requests leave the window, one more fits.
             frees_at = recent[len(recent) - limit] + WINDOW
             retry_after = max(1, math.ceil((frees_at - now).total_seconds()))

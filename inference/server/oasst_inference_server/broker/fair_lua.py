@@ -9,7 +9,16 @@ Keys of one queue, all under the queue's base name ``KEYS[1]`` (``<prefix>queue:
 * ``job``       hash: message id -> the job note pushed with its hint (only where one was given);
 * ``served``    string: the counter of the user served last (the floor when nobody waits);
 * ``len``       string: how many hints wait;
-* ``wake``      list: one token per waiting hint; a blocked popper BLPOPs it, then runs ``POP``.
+* ``wake``      list: one token per waiting hint not handed out at once (see below);
+* ``idle``      sorted set: poppers blocked on their hand list -> when their wait ends (ms, Redis' clock);
+* ``hand:<id>`` list: the one hint ``PUSH`` handed to the waiting popper ``<id>``.
+
+A popper with nothing to pop registers in ``idle`` (``WAIT``) and BLPOPs its own hand list. A push
+that finds a registered popper pops the next hint in fair order for it at once and hands it over:
+the popper's wake-up and its pop are one step, as for the in-process broker's blocked poppers. A popper
+whose wait ends unregisters (``STOP_WAITING``), taking a hint handed to it meanwhile. A popper that
+vanished while registered (its replica died) may be handed one hint before its registration expires:
+that hint is lost from the queue, and the recovery loop re-queues its message from the database.
 
 Counters are written with ``%.17g`` so Lua's default ``%.14g`` number formatting never rounds them:
 both brokers must compute the same order from the same pushes.
@@ -25,9 +34,50 @@ local function floor_counter()
     if #first > 0 then return tonumber(first[2]) end
     return tonumber(redis.call('GET', base .. 'served') or '0')
 end
+local function now_ms()
+    local now = redis.call('TIME')
+    return tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+end
+-- The next hint in fair order, {message id, job note or '', cost, user}, or false; with consume_wake,
+-- a wake token goes with it.
+local function pop_next(consume_wake)
+    while true do
+        local first = redis.call('ZRANGE', base .. 'users', 0, 0, 'WITHSCORES')
+        if #first == 0 then
+            redis.call('SET', base .. 'len', 0)
+            redis.call('DEL', base .. 'wake')
+            return false
+        end
+        local user, counter = first[1], tonumber(first[2])
+        local list = base .. 'u:' .. user
+        local msg = redis.call('LPOP', list)
+        if msg then
+            local cost = 0
+            local meta = redis.call('HGET', base .. 'meta', msg)
+            if meta then
+                cost = tonumber(string.match(meta, '^(%S+)')) or 0
+                redis.call('HDEL', base .. 'meta', msg)
+            end
+            local new_counter = counter + cost
+            redis.call('SET', base .. 'served', fmt(counter))
+            redis.call('HSET', base .. 'counters', user, fmt(new_counter))
+            if redis.call('LLEN', list) > 0 then
+                redis.call('ZADD', base .. 'users', fmt(new_counter), user)
+            else
+                redis.call('ZREM', base .. 'users', user)
+            end
+            if redis.call('DECR', base .. 'len') < 0 then redis.call('SET', base .. 'len', 0) end
+            if consume_wake then redis.call('LPOP', base .. 'wake') end
+            local job = redis.call('HGET', base .. 'job', msg)
+            if job then redis.call('HDEL', base .. 'job', msg) end
+            return {msg, job or '', fmt(cost), user}
+        end
+        redis.call('ZREM', base .. 'users', user)
+    end
+end
 """
 
-# ARGV: message id, user, cost, credit, job note ("" for none)
+# ARGV: message id, user, cost, credit, job note ("" for none), how long a hand entry is kept (ms)
 PUSH = (
     _COMMON
     + """
@@ -44,51 +94,43 @@ redis.call('RPUSH', base .. 'u:' .. user, msg)
 redis.call('HSET', base .. 'meta', msg, fmt(cost) .. ' ' .. user)
 if ARGV[5] and ARGV[5] ~= '' then redis.call('HSET', base .. 'job', msg, ARGV[5]) end
 redis.call('INCR', base .. 'len')
+redis.call('ZREMRANGEBYSCORE', base .. 'idle', '-inf', now_ms())
+local waiting = redis.call('ZPOPMIN', base .. 'idle')
+if #waiting > 0 then
+    -- A popper waits: it gets the next hint in fair order now, as a hand entry (the four fields of
+    -- pop_next's reply joined by NULs; message and user ids are database ids, which hold no NUL).
+    local hint = pop_next(false)
+    local hand = base .. 'hand:' .. waiting[1]
+    redis.call('RPUSH', hand, table.concat(hint, '\\0'))
+    redis.call('PEXPIRE', hand, ARGV[6])
+    return 1
+end
 redis.call('RPUSH', base .. 'wake', '1')
 return 1
 """
 )
 
-# ARGV: "1" to consume a wake token (the caller did not BLPOP one).
-# Returns {message id, job note or ""}, or false.
-POP = (
+# ARGV: "1" to consume a wake token. Returns {message id, job note or "", cost, user}, or false.
+POP = _COMMON + "return pop_next(ARGV[1] == '1')\n"
+
+# ARGV: popper id, how long it will wait (ms). The next hint if there is one (a wake token with it);
+# else the popper is registered as waiting on its hand list. Returns as POP.
+WAIT = (
     _COMMON
     + """
-while true do
-    local first = redis.call('ZRANGE', base .. 'users', 0, 0, 'WITHSCORES')
-    if #first == 0 then
-        redis.call('SET', base .. 'len', 0)
-        redis.call('DEL', base .. 'wake')
-        return false
-    end
-    local user, counter = first[1], tonumber(first[2])
-    local list = base .. 'u:' .. user
-    local msg = redis.call('LPOP', list)
-    if msg then
-        local cost = 0
-        local meta = redis.call('HGET', base .. 'meta', msg)
-        if meta then
-            cost = tonumber(string.match(meta, '^(%S+)')) or 0
-            redis.call('HDEL', base .. 'meta', msg)
-        end
-        local new_counter = counter + cost
-        redis.call('SET', base .. 'served', fmt(counter))
-        redis.call('HSET', base .. 'counters', user, fmt(new_counter))
-        if redis.call('LLEN', list) > 0 then
-            redis.call('ZADD', base .. 'users', fmt(new_counter), user)
-        else
-            redis.call('ZREM', base .. 'users', user)
-        end
-        if redis.call('DECR', base .. 'len') < 0 then redis.call('SET', base .. 'len', 0) end
-        if ARGV[1] == '1' then redis.call('LPOP', base .. 'wake') end
-        local job = redis.call('HGET', base .. 'job', msg)
-        if job then redis.call('HDEL', base .. 'job', msg) end
-        return {msg, job or ''}
-    end
-    redis.call('ZREM', base .. 'users', user)
-end
+local hint = pop_next(true)
+if hint then return hint end
+redis.call('ZADD', base .. 'idle', now_ms() + tonumber(ARGV[2]), ARGV[1])
+return false
 """
 )
+
+# ARGV: popper id. Unregisters it; returns the hint handed to it meanwhile (as a hand entry), or false.
+STOP_WAITING = """
+local base = KEYS[1]
+redis.call('ZREM', base .. 'idle', ARGV[1])
+return redis.call('LPOP', base .. 'hand:' .. ARGV[1])
+"""
 
 # ARGV: message id
 REMOVE = """

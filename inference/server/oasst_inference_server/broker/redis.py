@@ -3,7 +3,8 @@
 Layout (every name under ``key_prefix``, see :mod:`.keys`):
 
 * work queue: a fair queue (per-user lists, a sorted set of user counters) updated by Lua scripts
-  (:mod:`.fair_lua`); a blocked popper BLPOPs a wake token, then pops in fair order;
+  (:mod:`.fair_lua`); a popper with nothing to pop registers as waiting and BLPOPs a list of its own,
+  where the next push puts the hint it pops for it in fair order;
 * event stream: a Redis Stream (XADD with ``MAXLEN ~``); Redis entry ids are the event ids; a terminal
   event sets a PEXPIRE of ``stream_ttl`` in the same transaction as its XADD;
 * worker session: a string key with a PX TTL holding the record, plus a sorted set indexing the session
@@ -22,6 +23,7 @@ import enum
 import json
 import math
 import time
+import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from typing import Any, Literal, TypeVar
@@ -52,6 +54,12 @@ _DATA_FIELD = "data"
 # the clock of whichever replica wrote it, and the session key's own PX TTL (Redis' clock) is the truth.
 _SESSION_INDEX_GRACE_MS = 60_000
 _PUBSUB_POLL_SECONDS = 5.0
+# A waiting popper stays registered this much longer than its BLPOP blocks (then it unregisters, taking
+# a hint handed to it meanwhile); a hand entry nobody took (its popper vanished) expires after a minute.
+_HAND_SLACK_MS = 1000
+_HAND_KEEP_MS = 60_000
+# How long a popper that gave up (cancelled, or its connection failed) tries to give back a hint.
+_GIVE_BACK_SECONDS = 2.0
 
 _ACQUIRE_LOCK = """
 local holder = redis.call('GET', KEYS[1])
@@ -140,11 +148,16 @@ def _translated(operation: str) -> Iterator[None]:
 
 
 def _popped(reply: Any) -> PoppedWork | None:
-    """The reply of the fair queue's POP script: ``[message id, job note]`` or nil."""
+    """The reply of the fair queue's POP or WAIT script: ``[message id, job note, cost, user]`` or nil."""
     if reply is None:
         return None
-    message_id, job = reply
-    return PoppedWork(str(message_id), str(job))
+    return PoppedWork(str(reply[0]), str(reply[1]))
+
+
+def _handed(entry: Any) -> PoppedWork:
+    """A hand entry (fair_lua's PUSH): message id, job note, cost and user, joined by NULs."""
+    message_id, job, _cost, _user = str(entry).split("\0")
+    return PoppedWork(message_id, job)
 
 
 class RedisBroker(Broker):
@@ -205,6 +218,8 @@ class RedisBroker(Broker):
         self._acquire_slot = self._client.register_script(_ACQUIRE_SLOT)
         self._fair_push = self._client.register_script(fair_lua.PUSH)
         self._fair_pop = self._client.register_script(fair_lua.POP)
+        self._fair_wait = self._client.register_script(fair_lua.WAIT)
+        self._fair_stop_waiting = self._client.register_script(fair_lua.STOP_WAITING)
         self._fair_remove = self._client.register_script(fair_lua.REMOVE)
         self._fair_charge = self._client.register_script(fair_lua.CHARGE)
         self._fair_snapshot = self._client.register_script(fair_lua.SNAPSHOT)
@@ -278,24 +293,52 @@ class RedisBroker(Broker):
         with _translated("push work"):
             await self._fair_push(
                 keys=[self.keys.queue(queue)],
-                args=[message_id, user, repr(float(cost)), repr(self.fair_credit), job],
+                args=[message_id, user, repr(float(cost)), repr(self.fair_credit), job, _HAND_KEEP_MS],
             )
 
     async def pop_hint(self, queue: str, timeout: float) -> PoppedWork | None:
         base = self.keys.queue(queue)
         with _translated("pop work"):
-            popped = await self._fair_pop(keys=[base], args=["1"])
-            if popped is not None or timeout <= 0 or self._closed:
-                return _popped(popped)
-            # Lua cannot block: wait for a wake token (one per pushed hint), then pop in fair order.
+            if timeout <= 0 or self._closed:
+                return _popped(await self._fair_pop(keys=[base], args=["1"]))
+            # Lua cannot block: the popper registers as waiting and BLPOPs a list of its own, where the
+            # next push puts the hint it popped for it (fair_lua: the wake-up and the pop in one step).
+            popper = uuid.uuid4().hex
+            hand = f"{base}hand:{popper}"
             for block in self._block_steps(timeout):
-                token = await self._unless_closed(self._client.blpop([base + "wake"], _ms(block) / 1000))
-                if token is _CLOSED:
-                    return None
-                popped = await self._fair_pop(keys=[base], args=["0" if token else "1"])
+                registered_ms = _ms(block) + _HAND_SLACK_MS
+                popped = await self._fair_wait(keys=[base], args=[popper, registered_ms])
                 if popped is not None:
                     return _popped(popped)
+                try:
+                    reply = await self._unless_closed(self._client.blpop([hand], _ms(block) / 1000))
+                except (asyncio.CancelledError, RedisError, OSError):
+                    # A hint handed over meanwhile must not go with this popper (best effort: if Redis
+                    # itself is gone, the registration expires and the recovery loop re-queues).
+                    await asyncio.shield(self._give_back(queue, base, popper))
+                    raise
+                if reply is _CLOSED:
+                    return None  # closing: a hint handed meanwhile is re-queued by the recovery loop
+                if reply is not None:
+                    return _handed(reply[1])
+                handed = await self._fair_stop_waiting(keys=[base], args=[popper])
+                if handed is not None:
+                    return _handed(handed)
         return None
+
+    async def _give_back(self, queue: str, base: str, popper: str) -> None:
+        """Unregister a popper whose caller gave up; push back a hint handed to it (at its user's tail;
+        the counter gets its cost back)."""
+        try:
+            async with asyncio.timeout(_GIVE_BACK_SECONDS):
+                handed = await self._fair_stop_waiting(keys=[base], args=[popper])
+                if handed is None:
+                    return
+                message_id, job, cost, user = str(handed).split("\0")
+                await self._fair_charge(keys=[base], args=[user, repr(-float(cost))])
+                await self.push_work(queue, message_id, user=user, cost=float(cost), job=job)
+        except (RedisError, OSError, BrokerError, TimeoutError) as exc:
+            logger.warning("a hint handed to a popper that gave up was not given back: {!r}", exc)
 
     async def charge(self, queue: str, user: str, amount: float) -> None:
         with _translated("charge"):

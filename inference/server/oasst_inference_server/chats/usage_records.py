@@ -20,7 +20,12 @@ from oasst_inference_server.db.models import DbMessage, DbUsageRecord, DbUser, u
 
 def subject_of(user: DbUser) -> str:
     """The hash of the user's sign-in identity (the same for a new account of the same person)."""
-    return hashlib.sha256(f"{user.provider}\x00{user.provider_account_id}".encode()).hexdigest()
+    return identity_subject(user.provider, user.provider_account_id)
+
+
+def identity_subject(provider: str, provider_account_id: str) -> str:
+    """``subject_of`` a user with this sign-in identity."""
+    return hashlib.sha256(f"{provider}\x00{provider_account_id}".encode()).hexdigest()
 
 
 async def record_generations(session: AsyncSession, user: DbUser, condition: ColumnElement[bool]) -> None:

@@ -10,7 +10,7 @@ clients read the same rule); the server asks :func:`is_terminal` of a stored eve
 
 from __future__ import annotations
 
-import json
+import msgspec
 
 from oasst_shared.schemas import (
     TERMINAL_EVENT_TYPES,
@@ -22,6 +22,7 @@ from oasst_shared.schemas import (
     RetryEvent,
 )
 
+_encode = msgspec.json.Encoder().encode
 _TERMINAL_PREFIXES = tuple(f'{{"event_type":"{kind}"' for kind in sorted(TERMINAL_EVENT_TYPES))
 
 
@@ -38,11 +39,12 @@ def worker_command_channel(session_id: str) -> str:
 
 
 def token_event(text: str, logprobs: list[dict[str, object]] | None = None) -> str:
-    # The hot path: one small dict, one json.dumps, no pydantic.
+    # The hot path: one small dict, one msgspec call, no pydantic (the same JSON as json.dumps with
+    # ensure_ascii=False and compact separators).
     event: dict[str, object] = {"event_type": "token", "text": text}
     if logprobs:
         event["logprobs"] = logprobs
-    return json.dumps(event, ensure_ascii=False, separators=(",", ":"))
+    return _encode(event).decode()
 
 
 def pending_event(queue_position: int, queue_size: int, estimated_wait_seconds: float | None = None) -> str:

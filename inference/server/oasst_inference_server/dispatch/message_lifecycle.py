@@ -9,7 +9,8 @@ finished message back.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import AsyncIterator, Collection
+from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
 
@@ -25,6 +26,7 @@ from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.dispatch import events, fair_share
 from oasst_inference_server.dispatch.capacity import DEFAULT_TOKENS_PER_SECOND
+from oasst_inference_server.dispatch.claim import Taken, take, thread_to
 from oasst_inference_server.settings import Settings
 from oasst_shared.chat_template import cut_to_budget
 from oasst_shared.protocol import (
@@ -217,7 +219,14 @@ class MessageLifecycle:
         except BrokerError as exc:
             logger.warning("fair-share correction of {} not applied: {}", message.id, exc)
 
-    async def claim(
+    async def claim(self, message_id: str, session_id: str, **options: Any) -> Claimed | None:
+        """Atomically take a pending message for a worker session, committed; None if someone else has
+        it. :meth:`open_claim` (with its keyword ``options``) with nothing done before the commit."""
+        async with self.open_claim(message_id, session_id, **options) as claimed:
+            return claimed
+
+    @asynccontextmanager
+    async def open_claim(
         self,
         message_id: str,
         session_id: str,
@@ -225,42 +234,35 @@ class MessageLifecycle:
         max_input_tokens: int | None = None,
         max_new_tokens: int | None = None,
         protocol_version: int = PROTOCOL_VERSION,
-    ) -> Claimed | None:
-        """Atomically take a pending message for a worker session; None if someone else has it.
+    ) -> AsyncIterator[Claimed | None]:
+        """Take a pending message for a worker session: the claim is made when the block starts (None:
+        someone else has it) and committed when it ends, or rolled back if the block raises. Until the
+        commit the message's row stays locked, so no other session can take it; the block may send the
+        work meanwhile, provided nothing the worker answers is stored before the commit succeeded.
 
-        One transaction: the conditional UPDATE returns the claimed row (RETURNING, on Postgres and
-        SQLite alike), the conversation is read in the same transaction, then it commits. The
-        conversation is cut to ``max_input_tokens`` (the worker's model's input budget) first.
-        ``max_new_tokens`` (the message's, as its ticket says) lets the UPDATE set the generation
-        deadline too; without it, or if the message asks for another number, a second UPDATE sets it.
-        The frame is built for a worker speaking ``protocol_version``.
+        One transaction: the conditional UPDATE returns the claimed row with the messages of its chat
+        (one statement on Postgres, :mod:`.claim`). The conversation is cut to ``max_input_tokens`` (the
+        worker's model's input budget) first. ``max_new_tokens`` (the message's, as its ticket says)
+        lets the UPDATE set the generation deadline too; without it, or if the message asks for another
+        number, a second UPDATE sets it. The frame is built for a worker speaking ``protocol_version``.
         Raises :class:`UnsendableMessage` (the claim rolled back) for a message no frame can carry.
         """
         now = utcnow()
-        deadline: dict[str, datetime] = {}
+        values: dict[str, Any] = {
+            "worker_session_id": session_id,
+            "lease_deadline": now + timedelta(seconds=self._settings.lease_seconds),
+            "started_at": now,
+        }
         if max_new_tokens is not None:
-            deadline["generation_deadline"] = self._generation_deadline(now, max_new_tokens)
+            values["generation_deadline"] = self._generation_deadline(now, max_new_tokens)
         async with self._sessions() as session:
-            claimed = (
-                await session.exec(
-                    update(DbMessage)
-                    .where(DbMessage.id == message_id, DbMessage.state == MessageState.pending)
-                    .values(
-                        state=MessageState.in_progress,
-                        worker_session_id=session_id,
-                        lease_deadline=now + timedelta(seconds=self._settings.lease_seconds),
-                        started_at=now,
-                        attempts=DbMessage.attempts + 1,
-                        **deadline,
-                    )
-                    .returning(DbMessage)
-                )
-            ).scalar_one_or_none()
-            if claimed is None:
+            taken = await take(session, message_id, values)
+            if taken is None:
                 await session.rollback()
-                return None
+                yield None
+                return
             try:
-                work = await self._work_frame(session, claimed, max_input_tokens)
+                work = _work_frame(taken, max_input_tokens)
             except (ValidationError, ValueError) as exc:
                 await session.rollback()
                 raise UnsendableMessage(
@@ -280,68 +282,15 @@ class MessageLifecycle:
                     .where(DbMessage.id == message_id)
                     .values(generation_deadline=self._generation_deadline(now, asked))
                 )
+            try:
+                yield Claimed(work, frame)
+            except BaseException:
+                await session.rollback()
+                raise
             await session.commit()
-            return Claimed(work, frame)
 
     def _generation_deadline(self, now: datetime, max_new_tokens: int) -> datetime:
         return now + timedelta(seconds=self._settings.in_progress_bound(max_new_tokens))
-
-    async def _work_frame(
-        self, session: AsyncSession, message: DbMessage, max_input_tokens: int | None = None
-    ) -> Work | EmbedWork:
-        payload = message.request_payload or {}
-        if message.kind == "embedding":
-            return EmbedWork(
-                message_id=message.id,
-                model_config_name=message.model_config_name or "",
-                inputs=list(payload.get("inputs", [])),
-                attempt=message.attempts,
-            )
-        if message.chat_id is not None and message.kind == "chat":
-            thread = await self._thread(session, message)
-        else:
-            thread = [ChatTurn.model_validate(t) for t in payload.get("thread", [])]
-        raw_prompt = payload.get("raw_prompt")
-        if not thread:
-            thread = [ChatTurn(role="user", content=raw_prompt or "")]
-        elif max_input_tokens is not None:
-            # Only what can reach the prompt travels: the system prompt, then the newest turns.
-            thread = cut_to_budget(
-                thread, max_input_tokens=max_input_tokens, system_prompt=message.system_prompt
-            )
-        tools = payload.get("tools")
-        return Work(
-            tools=[ToolDefinition.model_validate(t) for t in tools] if tools else None,
-            tool_choice=payload.get("tool_choice"),
-            message_id=message.id,
-            chat_id=message.chat_id,
-            model_config_name=message.model_config_name or "",
-            thread=thread,
-            system_prompt=message.system_prompt,
-            sampling_parameters=SamplingParameters.model_validate(message.sampling_parameters or {}),
-            raw_prompt=raw_prompt,
-            attempt=message.attempts,
-        )
-
-    async def _thread(self, session: AsyncSession, message: DbMessage) -> list[ChatTurn]:
-        """The conversation from the root to the message's parent, oldest first."""
-        rows = (
-            await session.exec(
-                select(DbMessage.id, DbMessage.parent_id, DbMessage.role, DbMessage.content).where(
-                    DbMessage.chat_id == message.chat_id
-                )
-            )
-        ).all()
-        by_id = {row_id: (parent_id, role, content) for row_id, parent_id, role, content in rows}
-        turns: list[ChatTurn] = []
-        current = by_id.get(message.parent_id) if message.parent_id else None
-        while current is not None:
-            parent_id, role, content = current
-            speaker = "user" if role == Role.prompter else "assistant"
-            turns.append(ChatTurn(role=speaker, content=content or ""))
-            current = by_id.get(parent_id) if parent_id else None
-        turns.reverse()
-        return turns
 
     async def extend_leases(self, session_id: str, holding: Collection[str] = ()) -> list[str]:
         """Extend the leases of the session's messages. Returns the messages the worker should stop:
@@ -604,6 +553,41 @@ class MessageLifecycle:
                 return None
             await session.commit()
             return await session.get(DbMessage, message_id)
+
+
+def _work_frame(taken: Taken, max_input_tokens: int | None = None) -> Work | EmbedWork:
+    message = taken.message
+    payload = message.request_payload or {}
+    if message.kind == "embedding":
+        return EmbedWork(
+            message_id=message.id,
+            model_config_name=message.model_config_name or "",
+            inputs=list(payload.get("inputs", [])),
+            attempt=message.attempts,
+        )
+    if message.chat_id is not None and message.kind == "chat":
+        thread = thread_to(message.parent_id, taken.chat)
+    else:
+        thread = [ChatTurn.model_validate(t) for t in payload.get("thread", [])]
+    raw_prompt = payload.get("raw_prompt")
+    if not thread:
+        thread = [ChatTurn(role="user", content=raw_prompt or "")]
+    elif max_input_tokens is not None:
+        # Only what can reach the prompt travels: the system prompt, then the newest turns.
+        thread = cut_to_budget(thread, max_input_tokens=max_input_tokens, system_prompt=message.system_prompt)
+    tools = payload.get("tools")
+    return Work(
+        tools=[ToolDefinition.model_validate(t) for t in tools] if tools else None,
+        tool_choice=payload.get("tool_choice"),
+        message_id=message.id,
+        chat_id=message.chat_id,
+        model_config_name=message.model_config_name or "",
+        thread=thread,
+        system_prompt=message.system_prompt,
+        sampling_parameters=SamplingParameters.model_validate(message.sampling_parameters or {}),
+        raw_prompt=raw_prompt,
+        attempt=message.attempts,
+    )
 
 
 def _first_error(exc: Exception) -> str:

@@ -34,6 +34,7 @@ from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.capacity import WorkerCapacity
+from oasst_inference_server.dispatch.claim_gate import ClaimGate, named_messages
 from oasst_inference_server.dispatch.compliance_rules import ProbeOutcome, SpotChecks
 from oasst_inference_server.dispatch.compliance_store import (
     FAILED,
@@ -46,6 +47,7 @@ from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, 
 from oasst_inference_server.dispatch.token_relay import TokenRelay
 from oasst_inference_server.dispatch.trust import WorkerTrust
 from oasst_inference_server.dispatch.worker_frames import (
+    ReceivedFrame,
     Salvaged,
     bounded_usage,
     parse_or_salvage,
@@ -67,21 +69,20 @@ from oasst_shared.protocol import (
     Cancel,
     Drain,
     Embeddings,
+    EmbedWork,
     GeneratedText,
     Ping,
     Pong,
     ProtocolError,
-    Token,
-    TokenBatch,
     Work,
     WorkerError,
-    WorkerFrame,
     WorkerInfo,
     dump_frame,
     dump_work,
     frame_bytes,
     parse_server_frame,
 )
+from oasst_shared.token_frames import TokenFrame, TokenFrames
 
 # Waiting out a database or broker outage inside the connection: first and longest pause.
 _OUTAGE_MIN_DELAY = 0.2
@@ -164,6 +165,8 @@ class WorkerConnection:
         self._tokens_relayed = metrics.TOKENS.labels(self.model_name)
         self._first_token_at: dict[str, float] = {}
         self._relay = TokenRelay(broker, label=f" of worker {self.session_id}")
+        # Jobs sent before their claim was committed (:mod:`.claim_gate`).
+        self._gate = ClaimGate()
         self._capacity_changed_quietly()
 
     # ------------------------------------------------------------ public
@@ -312,6 +315,7 @@ class WorkerConnection:
             raise _ConnectionClosed(close_code, f"malformed frame: {error}"[:120])
         for part in salvaged.frames:
             await self._handle(part)
+        await self._gate.wait(salvaged.refused)
         for message_id, why in salvaged.refused.items():
             if message_id not in self.in_flight:
                 continue
@@ -326,11 +330,14 @@ class WorkerConnection:
                 f"failing message {message_id}",
             )
 
-    async def _handle(self, frame: WorkerFrame) -> None:
+    async def _handle(self, frame: ReceivedFrame) -> None:
         """One valid frame. A storage outage is waited out here; any other fault of one message's frame
         fails that message, never the connection."""
         message_id = getattr(frame, "message_id", None)
+        await self._gate.wait(named_messages(frame))
         try:
+            if self._gate.void and await self._ended_void(frame):
+                return
             await self._dispatch_frame(frame)
         except (_ConnectionClosed, WebSocketDisconnect, asyncio.CancelledError):
             raise
@@ -349,10 +356,26 @@ class WorkerConnection:
                     f"failing message {message_id}",
                 )
 
-    async def _dispatch_frame(self, frame: WorkerFrame) -> None:
-        if isinstance(frame, Token):
-            await self._on_token(frame)
-        elif isinstance(frame, TokenBatch):
+    async def _ended_void(self, frame: ReceivedFrame) -> bool:
+        """True for a frame that ends a void job (its claim was not confirmed): only its slot is freed,
+        and the message retried if the claim did land after all."""
+        if not isinstance(frame, (GeneratedText, Embeddings, WorkerError)):
+            return False
+        message_id = frame.message_id
+        if message_id is None or message_id not in self._gate.void:
+            return False
+        self._gate.void.discard(message_id)
+        self._done(message_id)
+        await self._durably(
+            functools.partial(
+                self._lifecycle.release, message_id, self.session_id, "the claim could not be confirmed"
+            ),
+            f"releasing message {message_id}",
+        )
+        return True
+
+    async def _dispatch_frame(self, frame: ReceivedFrame) -> None:
+        if isinstance(frame, TokenFrames):  # a token frame or a batch: the same tokens alike
             for token in frame.tokens:
                 await self._on_token(token)
         elif isinstance(frame, Pong):
@@ -407,14 +430,26 @@ class WorkerConnection:
         while True:
             message_id, max_new_tokens = await self._assigned.get()
             self._claiming += 1
+            # How far the job got: "assigned" (no claim), "stale", "claimed" (not sent), "sent".
+            stage = "assigned"
             try:
-                claimed = await self._lifecycle.claim(
+                async with self._lifecycle.open_claim(
                     message_id,
                     self.session_id,
                     max_input_tokens=self.info.model_config_.max_input_length,
                     max_new_tokens=max_new_tokens,
                     protocol_version=self.protocol_version,
-                )
+                ) as claimed:
+                    self._claiming -= 1
+                    if claimed is None:
+                        stage = "stale"  # the message was taken, cancelled or finished meanwhile
+                    else:
+                        stage = "claimed"
+                        self._start(message_id, claimed.work)
+                        # Sent before the commit: the row stays locked until then, and the gate holds
+                        # back whatever the worker answers until the commit is confirmed.
+                        await self._send_text(claimed.frame)
+                        stage = "sent"
             except UnsendableMessage as exc:
                 # The message itself is at fault: it fails alone; the worker never sees it.
                 self._claiming -= 1
@@ -425,49 +460,69 @@ class WorkerConnection:
                     functools.partial(self._lifecycle.fail, message_id, error), "failing a message"
                 )
                 continue
-            except asyncio.CancelledError:
-                self._claiming -= 1
-                # The job was taken from the queue but not acted on: put it back.
-                with contextlib.suppress(Exception):
-                    await self._lifecycle.requeue(message_id)
+            except BaseException as exc:
+                await self._claim_failed(message_id, stage, exc)
+                if stage == "claimed" or not isinstance(exc, Exception):
+                    raise  # the socket failed (or this task is cancelled): the connection ends
+                if stage == "assigned":
+                    await asyncio.sleep(1.0)  # the database is down: wait before the next claim
+                continue
+            if stage == "stale":
                 self._capacity_changed()
-                raise
-            except Exception as exc:
-                # The database is down (or another hiccup): put the job back, keep the worker, retry.
-                self._claiming -= 1
+                continue
+            self._gate.settled(message_id)
+            work = self._work.get(message_id)
+            logger.info(
+                "message {} -> worker {} (attempt {})",
+                message_id,
+                self.session_id,
+                work.attempt if work is not None else "?",
+            )
+            await self._publish_session()
+
+    def _start(self, message_id: str, work: Work | EmbedWork) -> None:
+        """Count a claimed job as the worker's before its frame is sent."""
+        self.in_flight.add(message_id)
+        self._gate.opened(message_id)
+        self._capacity_changed()
+        if isinstance(work, Work):
+            self._work[message_id] = work
+            if self._spot_checks is not None and not self.trust.trusted and self._spot_checks.wants(work):
+                self._spot_tokens[message_id] = []
+        self._dispatched_at[message_id] = time.monotonic()
+        metrics.DISPATCHED.labels(self.model_name).inc()
+        metrics.IN_FLIGHT.labels(self.model_name).inc()
+
+    async def _claim_failed(self, message_id: str, stage: str, exc: BaseException) -> None:
+        """The claim of an assigned job raised at ``stage``: the message must not be lost, nor be
+        generated for nothing."""
+        if stage == "assigned":
+            self._claiming -= 1  # the claim itself failed (the database is down, or a hiccup)
+            if isinstance(exc, Exception):
                 logger.warning(
                     "worker {}: cannot claim {}: {}: {}", self.session_id, message_id, type(exc).__name__, exc
                 )
-                with contextlib.suppress(Exception):
-                    await self._lifecycle.requeue(message_id)
-                self._capacity_changed()
-                await asyncio.sleep(1.0)
-                continue
-            self._claiming -= 1
-            if claimed is None:
-                self._capacity_changed()
-                continue  # stale hint: the message was taken, cancelled or finished meanwhile
-            work = claimed.work
-            self.in_flight.add(message_id)
-            self._capacity_changed()
-            if isinstance(work, Work):
-                self._work[message_id] = work
-                if self._spot_checks is not None and not self.trust.trusted and self._spot_checks.wants(work):
-                    self._spot_tokens[message_id] = []
-            self._dispatched_at[message_id] = time.monotonic()
-            metrics.DISPATCHED.labels(self.model_name).inc()
-            metrics.IN_FLIGHT.labels(self.model_name).inc()
-            logger.info("message {} -> worker {} (attempt {})", message_id, self.session_id, work.attempt)
-            try:
-                await self._send_text(claimed.frame)
-            except BaseException:
-                self._done(message_id)
-                with contextlib.suppress(Exception):
-                    await self._lifecycle.release(
-                        message_id, self.session_id, "could not send work to the worker"
-                    )
-                raise
-            await self._publish_session()
+        elif stage == "claimed":
+            # Not sent (the socket failed): the claim rolled back, and the worker has nothing.
+            self._gate.settled(message_id)
+            self._done(message_id)
+        elif stage == "sent":
+            # The worker has the job but the commit failed, or its outcome is unknown: it is told to
+            # stop, and nothing it sends for the job is kept (the gate makes it void).
+            self._gate.settled(message_id, void=True)
+            logger.warning(
+                "worker {}: the claim of {} was not confirmed ({}): cancelling it",
+                self.session_id,
+                message_id,
+                type(exc).__name__,
+            )
+            with contextlib.suppress(Exception):
+                await self._send(Cancel(message_id=message_id))
+        self._capacity_changed()
+        # Taken from the queue but not (surely) claimed: put it back. A no-op unless the database
+        # says it is pending; a claim that did land is retried when the void job ends (or its lease).
+        with contextlib.suppress(Exception):
+            await self._lifecycle.requeue(message_id)
 
     async def _ping(self) -> None:
         while True:
@@ -512,13 +567,14 @@ class WorkerConnection:
                     await self._send(frame)
 
     # ------------------------------------------------------------ frame handlers
-    async def _on_token(self, token: Token) -> None:
+    async def _on_token(self, token: TokenFrame) -> None:
         probe = self._probes.get(token.message_id)
         if probe is not None:
             if len(probe.tokens) < probe.limit:
                 probe.tokens.append(token.text)
             return
-        if token.message_id in self.in_flight:  # else late, after a cancel or a lost lease: dropped
+        if token.message_id in self.in_flight and token.message_id not in self._gate.void:
+            # (else late, after a cancel or a lost lease, or of a void job: dropped)
             if not self._within_token_cap(token.message_id):
                 return
             self._count_token(token.message_id)
@@ -528,8 +584,7 @@ class WorkerConnection:
             spot = self._spot_tokens.get(token.message_id)
             if spot is not None:
                 spot.append(token.text)
-            logprobs = [e.model_dump(mode="json") for e in token.logprobs] if token.logprobs else None
-            await self._relay.add(token.message_id, token.text, logprobs)
+            await self._relay.add(token.message_id, token.text, token.logprobs or None)
 
     async def _on_pong(self, pong: Pong) -> None:
         was_healthy = self.backend_healthy
@@ -544,7 +599,9 @@ class WorkerConnection:
         self._capacity_changed()
         if self.in_flight:
             try:
-                cancels = await self._lifecycle.extend_leases(self.session_id, sorted(self.in_flight))
+                # A claim not committed yet is invisible to the database: not counted as held.
+                holding = self.in_flight - self._gate.unconfirmed()
+                cancels = await self._lifecycle.extend_leases(self.session_id, sorted(holding))
             except Exception as exc:  # the database is down: the leases outlast a short outage
                 logger.warning(
                     "worker {}: leases not extended: {}: {}", self.session_id, type(exc).__name__, exc
@@ -685,8 +742,19 @@ class WorkerConnection:
         )
 
     async def _send_text(self, text: str) -> None:
-        async with self._send_lock:
-            await self.websocket.send_text(text)
+        """Send one frame; a worker that does not read its socket (the send cannot complete within
+        ``worker_send_timeout``) is disconnected: it would otherwise hold this task, and the database
+        connection of a claim whose job is being sent, for as long as it likes."""
+        try:
+            async with asyncio.timeout(self._settings.worker_send_timeout), self._send_lock:
+                await self.websocket.send_text(text)
+        except TimeoutError:
+            logger.warning(
+                "worker {}: a frame could not be sent in {:.0f}s: disconnecting it",
+                self.session_id,
+                self._settings.worker_send_timeout,
+            )
+            raise _ConnectionClosed(CLOSE_POLICY_VIOLATION, "the worker does not read its socket") from None
 
     async def _publish_session(self) -> None:
         record = WorkerSession(
@@ -732,8 +800,10 @@ class WorkerConnection:
         with contextlib.suppress(Exception):
             await self._broker.remove_worker_session(self.session_id)
         if self.websocket.application_state == WebSocketState.CONNECTED:
+            # Bounded: the close frame of a worker that does not read cannot go out either.
             with contextlib.suppress(Exception):
-                await self.websocket.close(
-                    code=close.code if close else CLOSE_GOING_AWAY, reason=reason[:120]
-                )
+                async with asyncio.timeout(self._settings.worker_send_timeout):
+                    await self.websocket.close(
+                        code=close.code if close else CLOSE_GOING_AWAY, reason=reason[:120]
+                    )
         logger.info("worker {} disconnected: {}", self.session_id, reason)

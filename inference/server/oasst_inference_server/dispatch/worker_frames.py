@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import TypeAlias
 
 from pydantic import ValidationError
 
-from oasst_shared.protocol import GeneratedText, ProtocolError, Token, Work, WorkerFrame, parse_worker_frame
+from oasst_shared.protocol import GeneratedText, ProtocolError, Token, Work, WorkerFrame
+from oasst_shared.token_frames import TokenFrames, decode_worker_frame, from_model
 
 # Slack for tokens that leave no text (a stop sequence cut from the answer, special tokens).
 USAGE_SLACK_TOKENS = 64
@@ -26,9 +28,13 @@ TEMPLATE_TOKENS_PER_TURN = 16
 TEMPLATE_TOKENS = 256
 
 
+# A frame as the connection handles it: tokens as plain tuples (the hot path), the rest as models.
+ReceivedFrame: TypeAlias = TokenFrames | WorkerFrame
+
+
 @dataclass
 class Salvaged:
-    frames: list[WorkerFrame] = field(default_factory=list)
+    frames: list[ReceivedFrame] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)  # message id -> why
 
 
@@ -42,22 +48,25 @@ def salvage(text: str | bytes, error: str) -> Salvaged | None:
         return None
     result = Salvaged()
     if data.get("type") == "token_batch" and isinstance(data.get("tokens"), list):
+        valid = TokenFrames([])
         for item in data["tokens"]:
             message_id = item.get("message_id") if isinstance(item, dict) else None
             try:
-                result.frames.append(Token.model_validate(item))
+                valid.tokens.append(from_model(Token.model_validate(item)))
             except ValidationError as exc:
                 if isinstance(message_id, str):
                     result.refused[message_id] = _first(exc)
+        if valid.tokens:
+            result.frames.append(valid)
     elif isinstance(data.get("message_id"), str):
         result.refused[data["message_id"]] = error
     return result if result.refused else None
 
 
-def parse_or_salvage(text: str | bytes) -> tuple[WorkerFrame | None, Salvaged | None, str | None]:
+def parse_or_salvage(text: str | bytes) -> tuple[ReceivedFrame | None, Salvaged | None, str | None]:
     """(the frame, None, None), or (None, what can be saved, the error) for a refused frame."""
     try:
-        return parse_worker_frame(text), None, None
+        return decode_worker_frame(text), None, None
     except ProtocolError as exc:
         return None, salvage(text, str(exc)), str(exc)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy.ext.asyncio import async_sessionmaker
+from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.admission.rate_limit import check_generation_limits
@@ -155,3 +157,60 @@ async def test_deleting_the_chat_or_the_account_does_not_reset_the_rate_limit(
     # Someone else is not affected by those records.
     other_id, _ = await add_user(sessions)
     await check(sessions, limits(per_minute=1), other_id)
+
+
+@pytest.mark.postgres
+async def test_a_burst_of_simultaneous_submissions_cannot_pass_the_concurrency_limit(tmp_path: Path) -> None:
+    """Each submission counts, then inserts and commits: without the user's row lock, requests that count
+    at the same moment all see room. Twelve at once against a limit of four: exactly four get in."""
+    with fresh_database("oasst_limits_burst") as url:
+        engine = create_engine(Settings(_env_file=None, database_url=url))  # type: ignore[call-arg]
+        try:
+            await upgrade_to_head(engine)
+            sessions = make_session_factory(engine)
+            user_id, chat_id = await add_user(sessions)
+            settings = limits(running=4)
+            counted = 0
+            all_counted = asyncio.Event()
+
+            def one_more_counted() -> None:
+                nonlocal counted
+                counted += 1
+                if counted == 12:
+                    all_counted.set()
+
+            async def submit() -> bool:
+                async with sessions() as session:
+                    try:
+                        await check_generation_limits(session, settings, user_id)
+                    except RateLimited:
+                        one_more_counted()
+                        return False
+                    one_more_counted()
+                    # Hold the transaction until every other request has counted (or, locked out, for
+                    # half a second): the widest window a race could use.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(0.5):
+                            await all_counted.wait()
+                    session.add(
+                        DbMessage(
+                            chat_id=chat_id,
+                            role="assistant",
+                            state="pending",
+                            model_config_name="m",
+                            kind="chat",
+                            enqueued_at=utcnow(),
+                        )
+                    )
+                    await session.commit()
+                    return True
+
+            admitted = await asyncio.gather(*(submit() for _ in range(12)))
+            assert sum(admitted) == 4
+            async with sessions() as session:
+                assert (
+                    len((await session.exec(select(DbMessage).where(DbMessage.chat_id == chat_id))).all())
+                    == 4
+                )
+        finally:
+            await engine.dispose()

@@ -88,6 +88,41 @@ async def test_every_key_is_under_the_prefix(
     assert 0 < ttl_ms <= 600_000  # the terminal event set the stream's expiry
 
 
+async def test_a_waiting_popper_is_handed_its_hint_and_leaves_no_registration(
+    two_brokers: tuple[RedisBroker, RedisBroker], redis_url: str
+) -> None:
+    """A push hands the next hint in fair order straight to a waiting popper; a popper whose wait ended
+    is no longer registered, so a later push stays in the queue; a popper that gave up with a hint
+    handed to it gives it back, with its user's counter as it was."""
+    broker, _ = two_brokers
+    base = broker.keys.queue("q")
+    client: Any = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        waiting = asyncio.create_task(broker.pop_hint("q", 10.0))
+        async with asyncio.timeout(5):
+            while not await client.zcard(base + "idle"):
+                await asyncio.sleep(0.01)
+        await broker.push_work("q", "m1", user="u", cost=3, job="1 1 0")
+        assert await asyncio.wait_for(waiting, 5.0) == ("m1", "1 1 0")
+        assert await broker.pop_hint("q", 0.2) is None  # waited, then unregistered
+        await broker.push_work("q", "m2", user="u", cost=2)
+        assert await broker.queued_ids("q") == ["m2"]
+        assert await client.zcard(base + "idle") == 0
+        assert await broker.pop_work("q", 0) == "m2"
+        before = await client.hget(base + "counters", "u")
+        # A popper registered, was handed a hint, and gave up before taking it.
+        assert await broker._fair_wait(keys=[base], args=["gone", 5000]) is None
+        await broker.push_work("q", "m3", user="u", cost=4, job="2 2 0")
+        assert await broker.queued_ids("q") == []
+        await broker._give_back("q", base, "gone")
+        assert await broker.queued_ids("q") == ["m3"]
+        assert await client.hget(base + "counters", "u") == before
+        assert await broker.pop_hint("q", 0) == ("m3", "2 2 0")
+        assert not [key async for key in client.scan_iter(match=base + "hand:*")]
+    finally:
+        await client.aclose()
+
+
 async def test_blocking_longer_than_the_socket_timeout(redis_url: str, redis_prefix: Prefixes) -> None:
     # Waits longer than the socket timeout are split into several blocking calls, not a timeout error.
     broker = RedisBroker(redis_url, key_prefix=redis_prefix(), socket_timeout=0.4)

@@ -30,6 +30,7 @@ from oasst_shared.logprobs import TokenLogprob, TopLogprob, token_bytes
 from oasst_shared.protocol import ChatTurn, FinishReason
 from oasst_shared.sampling import SamplingParameters
 from oasst_shared.tool_calls import ToolCall, ToolCallFunction, ToolChoice, ToolDefinition, new_tool_call_id
+from oasst_worker.backends.deadlines import StepDeadline
 from oasst_worker.backends.openai_wire import (
     ChunkChoice,
     ChunkLogprobs,
@@ -322,7 +323,7 @@ class OpenAiBackend(GenerationBackend):
         self, path: str, body: dict[str, Any], *, chat: bool, logprobs: bool = False
     ) -> GenerationStream:
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
-        deadline = asyncio.get_running_loop().time() + self._generation_timeout
+        deadline = StepDeadline(stall=self._token_timeout, total=self._generation_timeout)
         stops_sent = bool(body.get("stop"))
         response: httpx.Response | None = None
         events: AsyncGenerator[CompletionChunk, None] | None = None
@@ -387,13 +388,12 @@ class OpenAiBackend(GenerationBackend):
             tool_calls=calls.result(),
         )
 
-    async def _within(self, awaitable: Awaitable[T], deadline: float) -> T:
+    async def _within(self, awaitable: Awaitable[T], deadline: StepDeadline) -> T:
         """Await one step of a generation: the next token within the stall timeout, all before the deadline."""
-        left = deadline - asyncio.get_running_loop().time()
         try:
-            return await asyncio.wait_for(awaitable, timeout=max(0.0, min(self._token_timeout, left)))
+            return await deadline.step(awaitable)
         except asyncio.TimeoutError:
-            if left <= self._token_timeout:
+            if deadline.overran:
                 raise BackendError(
                     f"the generation took longer than {self._generation_timeout:.0f}s", retryable=True
                 ) from None

@@ -16,6 +16,7 @@ from text_generation.types import Token as TgiToken
 
 from oasst_shared.logprobs import TokenLogprob, TopLogprob, token_bytes
 from oasst_shared.sampling import SamplingParameters
+from oasst_worker.backends.deadlines import StepDeadline
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
 
@@ -140,9 +141,10 @@ class TgiBackend(GenerationBackend):
         generated = 0
         stream = self._client.generate_stream(prompt, **tgi_parameters(params, max_new_tokens))
         try:
+            deadline = StepDeadline(stall=self._token_timeout)
             while True:
                 try:
-                    response = await asyncio.wait_for(stream.__anext__(), timeout=self._token_timeout)
+                    response = await deadline.step(stream.__anext__())
                 except StopAsyncIteration:
                     break
                 token = response.token

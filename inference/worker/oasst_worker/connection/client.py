@@ -12,7 +12,6 @@ import contextlib
 import random
 
 from loguru import logger
-from pydantic import BaseModel
 from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
@@ -30,7 +29,7 @@ from oasst_shared.protocol import (
 )
 from oasst_worker.connection.backend_health import BackendHealth
 from oasst_worker.connection.errors import FatalWorkerError
-from oasst_worker.connection.frame_sender import FrameSender
+from oasst_worker.connection.frame_sender import FrameSender, OutgoingFrame
 from oasst_worker.connection.handshake import open_connection, raise_if_refused, work_url, worker_info
 from oasst_worker.jobs.base import JobFactory, WrongKindOfWork
 from oasst_worker.jobs.pool import JobPool
@@ -180,14 +179,14 @@ class WorkerClient:
 
         asyncio.create_task(send())
 
-    async def _send_from_job(self, frame: BaseModel) -> None:
+    async def _send_from_job(self, frame: OutgoingFrame) -> None:
         if isinstance(frame, WorkerError) and frame.backend_unavailable and self._health.healthy:
             # The backend refused a job: take no more work until its health check passes again
             # (the server stops sending too).
             self._health.mark_unavailable()
         await self._send(frame)
 
-    async def _send(self, frame: BaseModel) -> None:
+    async def _send(self, frame: OutgoingFrame) -> None:
         sender = self._sender
         if sender is None:
             raise ConnectionClosed(None, None)

@@ -4,7 +4,9 @@ Every frame goes through :meth:`FrameSender.send`. One task writes them in the o
 queued; while it writes, new frames gather, and a run of tokens among them leaves as one
 ``token_batch`` frame (protocol 2) instead of a frame each. A lone token leaves at once, as a
 ``token`` frame, so there is no timer and no added delay; batching only happens under load, where
-it saves the worker and the server a websocket frame, a JSON document and a parse per token.
+it saves the worker and the server a websocket frame, a JSON document and a parse per token. Tokens are
+:class:`~oasst_shared.token_frames.TokenFrame` structs written by msgspec (no pydantic model per
+token); every other frame is its protocol model.
 
 A token is queued and forgotten (the job goes on generating); any other frame returns once it is
 written, so a result, an error or a pong is known to be on the wire, and a failed connection raises
@@ -16,18 +18,23 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from typing import Protocol
+from typing import Protocol, TypeAlias
 
 from loguru import logger
 from pydantic import BaseModel
 from websockets.exceptions import ConnectionClosed
 
-from oasst_shared.protocol import MAX_FRAME_BYTES, Token, TokenBatch, WorkerError, dump_frame, fits_in_frame
+from oasst_shared.protocol import MAX_FRAME_BYTES, WorkerError, dump_frame, fits_in_frame
+from oasst_shared.token_frames import TokenFrame, UnsendableText, encode_tokens
 
 DEFAULT_MAX_PENDING = 4096
 # A batch is one websocket frame: keep it well under the frame size limit (MAX_FRAME_BYTES); a batch
 # that is over it all the same is split.
 MAX_TOKENS_PER_BATCH = 512
+
+# What a job sends: a token, or any other frame of the protocol.
+OutgoingFrame: TypeAlias = TokenFrame | BaseModel
+_Queued: TypeAlias = tuple[OutgoingFrame, asyncio.Future[None] | None]
 
 
 class _Socket(Protocol):
@@ -40,20 +47,20 @@ class FrameSender:
             raise ValueError("max_pending must be at least 1")
         self._ws = ws
         self._max_pending = max_pending
-        self._queue: list[tuple[BaseModel, asyncio.Future[None] | None]] = []
+        self._queue: list[_Queued] = []
         self._wakeup = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
         self._closed = False
 
-    async def send(self, frame: BaseModel) -> None:
+    async def send(self, frame: OutgoingFrame) -> None:
         """Queue ``frame``; a token returns at once, any other frame once written."""
         while len(self._queue) >= self._max_pending and not self._closed:
             self._room.clear()
             await self._room.wait()
         if self._closed:
             raise ConnectionClosed(None, None)
-        if isinstance(frame, Token):
+        if isinstance(frame, TokenFrame):
             self._queue.append((frame, None))
             self._wakeup.set()
             return
@@ -64,7 +71,7 @@ class FrameSender:
 
     async def run(self) -> None:
         """The writer task, for the life of the connection; ends when a write fails."""
-        batch: list[tuple[BaseModel, asyncio.Future[None] | None]] = []
+        batch: list[_Queued] = []
         try:
             while True:
                 await self._wakeup.wait()
@@ -82,7 +89,7 @@ class FrameSender:
         finally:
             self._close(batch)
 
-    def _close(self, unsent: list[tuple[BaseModel, asyncio.Future[None] | None]]) -> None:
+    def _close(self, unsent: list[_Queued]) -> None:
         self._closed = True
         self._room.set()
         for _, future in unsent + self._queue:
@@ -91,13 +98,11 @@ class FrameSender:
         self._queue = []
 
 
-def _frames(
-    batch: list[tuple[BaseModel, asyncio.Future[None] | None]],
-) -> Iterator[tuple[str, list[asyncio.Future[None]]]]:
+def _frames(batch: list[_Queued]) -> Iterator[tuple[str, list[asyncio.Future[None]]]]:
     """The websocket frames for queued frames, in order: runs of tokens become token batches."""
-    run: list[Token] = []
+    run: list[TokenFrame] = []
     for frame, future in batch:
-        if isinstance(frame, Token):
+        if isinstance(frame, TokenFrame):
             run.append(frame)
             if len(run) == MAX_TOKENS_PER_BATCH:
                 yield from _token_frames(run)
@@ -111,9 +116,12 @@ def _frames(
         yield from _token_frames(run)
 
 
-def _token_frames(run: list[Token]) -> Iterator[tuple[str, list[asyncio.Future[None]]]]:
-    text = dump_frame(run[0] if len(run) == 1 else TokenBatch(tokens=run))
-    if fits_in_frame(text):
+def _token_frames(run: list[TokenFrame]) -> Iterator[tuple[str, list[asyncio.Future[None]]]]:
+    try:
+        text: str | None = encode_tokens(run)
+    except UnsendableText:  # jobs check their text first: split down to the token at fault
+        text = None
+    if text is not None and fits_in_frame(text):
         yield text, []
     elif len(run) > 1:
         half = len(run) // 2
@@ -123,17 +131,24 @@ def _token_frames(run: list[Token]) -> Iterator[tuple[str, list[asyncio.Future[N
         yield _bounded(run[0]), []
 
 
-def _bounded(frame: BaseModel) -> str:
-    """The frame's text; a frame over the limit becomes an error for its message (only it fails)."""
-    text = dump_frame(frame)
+def _bounded(frame: OutgoingFrame) -> str:
+    """The frame's text; a frame over the limit, or a token no frame may carry, becomes an error for
+    its message (only it fails)."""
+    message_id = getattr(frame, "message_id", None)
+    if isinstance(frame, TokenFrame):
+        try:
+            text = encode_tokens([frame])
+        except UnsendableText as exc:
+            logger.error("a token of message {} cannot be sent: {}", message_id, exc)
+            return _error(message_id, f"the backend produced text that cannot be sent: {exc}")
+    else:
+        text = dump_frame(frame)
     if fits_in_frame(text):
         return text
-    message_id = getattr(frame, "message_id", None)
-    logger.error("a {} frame of message {} is over the frame limit", type(frame).__name__, message_id)
-    return dump_frame(
-        WorkerError(
-            message_id=message_id,
-            error=f"the answer does not fit in a frame of {MAX_FRAME_BYTES} bytes",
-            retryable=False,
-        )
-    )
+    kind = "token" if isinstance(frame, TokenFrame) else type(frame).__name__
+    logger.error("a {} frame of message {} is over the frame limit", kind, message_id)
+    return _error(message_id, f"the answer does not fit in a frame of {MAX_FRAME_BYTES} bytes")
+
+
+def _error(message_id: str | None, error: str) -> str:
+    return dump_frame(WorkerError(message_id=message_id, error=error, retryable=False))

@@ -14,11 +14,13 @@ from pydantic import BaseModel
 
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import MAX_ERROR_CHARS, EmbedWork, Work, WorkerError
+from oasst_shared.token_frames import TokenFrame
 from oasst_worker.backends.protocols import BackendBase
 from oasst_worker.backends.records import BackendError, BackendInfo
 
-# Writes one frame to the server; raises websockets' ConnectionClosed when the connection is gone.
-Send = Callable[[BaseModel], Awaitable[None]]
+# Writes one frame to the server (a token as a plain tuple, any other frame as its protocol model);
+# raises websockets' ConnectionClosed when the connection is gone.
+Send = Callable[[TokenFrame | BaseModel], Awaitable[None]]
 
 
 class Job(Protocol):

@@ -23,9 +23,10 @@ from pydantic import ValidationError
 from oasst_shared.chat_template import ChatTemplateError
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ModelConfig
-from oasst_shared.protocol import EmbedWork, FinishReason, GeneratedText, Token, Work, WorkerError
+from oasst_shared.protocol import EmbedWork, FinishReason, GeneratedText, Work, WorkerError, text_problem
 from oasst_shared.sampling import JsonSchemaFormat, ResponseFormat, SamplingParameters
 from oasst_shared.stop_sequences import StopSequenceFilter
+from oasst_shared.token_frames import TokenFrame, UnsendableText
 from oasst_shared.tool_calls import (
     NamedToolChoice,
     ToolCall,
@@ -116,15 +117,14 @@ class GenerationJob:
             logger.warning("message {} failed at the backend: {}", message_id, exc)
             await send(backend_failure(message_id, exc))
             return "backend_unavailable" if exc.unavailable else "backend_error"
-        except ValidationError as exc:
+        except (UnsendableText, ValidationError) as exc:
             # The backend produced text no frame may carry (NUL, a lone surrogate): this message's
             # answer cannot be delivered, and another try would likely produce it again.
-            logger.warning(
-                "message {}: the backend's text cannot be sent: {}", message_id, exc.errors()[0]["msg"]
-            )
+            why = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            logger.warning("message {}: the backend's text cannot be sent: {}", message_id, why)
             error = WorkerError(
                 message_id=message_id,
-                error=f"the backend produced text that cannot be sent: {exc.errors()[0]['msg']}",
+                error=f"the backend produced text that cannot be sent: {why}",
                 retryable=False,
             )
             await send(error)
@@ -165,9 +165,8 @@ class GenerationJob:
         async with aclosing(backend_stream) as stream:
             async for item in stream:
                 if self.cancel_requested:
-                    # The client's task.cancel() is lost when it lands just as a token arrives
-                    # (asyncio.wait_for in the backends then returns the token): the flag still
-                    # ends the job at the next token.
+                    # A cancel that lands while the job is not awaiting (or one requested before
+                    # the job's task began) is not lost: the flag ends the job at the next token.
                     raise asyncio.CancelledError
                 if isinstance(item, GenerationResult):
                     if held is None:
@@ -217,11 +216,15 @@ class GenerationJob:
 
     async def _emit(self, send: Send, text: str) -> None:
         if text:
+            problem = text_problem(text)
+            if problem is not None:
+                raise UnsendableText(problem)
             self._text.append(text)
             logprobs = None
             if self._logprobs:
-                logprobs, self._logprobs = self._logprobs, []
-            await send(Token(message_id=self.work.message_id, text=text, logprobs=logprobs))
+                logprobs = [entry.model_dump(mode="json") for entry in self._logprobs]
+                self._logprobs = []
+            await send(TokenFrame(message_id=self.work.message_id, text=text, logprobs=logprobs))
 
 
 def _constrained(params: SamplingParameters, schema: dict[str, object]) -> SamplingParameters:

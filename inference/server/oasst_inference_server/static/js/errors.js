@@ -27,6 +27,24 @@ export async function apiErrorFrom(response) {
   return new ApiError(response.status, body.code, body.detail, Number.isFinite(retry) ? retry : null);
 }
 
+// Refusals of the prompt itself (its text, its place in the chat): the user changes the prompt, so the
+// page keeps it in the message box. Other refusals of a turn are about its answer (limits, model,
+// workers): shown where the answer would be, with a retry.
+const PROMPT_ERRORS = new Set([
+  "empty_message",
+  "message_too_long",
+  "chat_full",
+  "parent_required",
+  "parent_not_found",
+  "parent_not_assistant",
+  "parent_not_complete",
+]);
+
+/** Whether the server refused a turn for its prompt rather than for its answer. */
+export function refusesPrompt(error) {
+  return error instanceof ApiError && (error.status === 404 || PROMPT_ERRORS.has(error.code));
+}
+
 function seconds(n) {
   if (n === null || n === undefined) return "a moment";
   return n < 90 ? `${n} s` : `${Math.ceil(n / 60)} min`;

@@ -1,4 +1,5 @@
-// An answer's server-sent events, read over fetch (EventSource cannot send the Authorization header).
+// An answer's server-sent events, read over fetch (EventSource cannot send the Authorization header,
+// nor read the response of a POST such as the one that sends a turn).
 //
 // Events are `pending`, `token` and `retry`, then exactly one `message` or `error`. Every stored
 // event has an id; when the connection drops, the stream is resumed with Last-Event-ID, so the
@@ -61,20 +62,21 @@ function nextOnline(signal, ms) {
   return sleep(ms, controller.signal).finally(() => window.removeEventListener("online", wake));
 }
 
+/** The turn's stream broke before its `created` event: whether the turn was created is unknown. */
+export class TurnInterrupted extends Error {}
+
 /**
- * Follow the events at ``path`` until the terminal one, calling ``onEvent`` with each parsed event
- * and ``onConnection("reconnecting", attempt)`` / ``onConnection("open")`` as the connection comes
- * and goes. Resolves when the answer ended or ``signal`` aborted; rejects on a final API error.
+ * Read events until the terminal one, reconnecting as needed. ``connect(lastEventId)`` opens one
+ * connection (a Response); ``onEvent`` gets each parsed event, ``onConnection("reconnecting",
+ * attempt)`` / ``onConnection("open")`` how the connection comes and goes.
  */
-export async function followEvents(path, { signal, onEvent, onConnection = () => {} }) {
+async function follow(connect, { signal, onEvent, onConnection = () => {} }) {
   let lastEventId = null;
   let failures = 0;
   let ended = false;
   while (!signal.aborted) {
     try {
-      const headers = { Accept: "text/event-stream" };
-      if (lastEventId !== null) headers["Last-Event-ID"] = lastEventId;
-      const response = await request(path, { headers, signal, raw: true });
+      const response = await connect(lastEventId);
       if (failures) onConnection("open");
       failures = 0;
       for await (const event of parseEventStream(response.body)) {
@@ -97,4 +99,45 @@ export async function followEvents(path, { signal, onEvent, onConnection = () =>
     onConnection("reconnecting", failures);
     await nextOnline(signal, Math.min(MAX_BACKOFF_MS, 500 * 2 ** (failures - 1)));
   }
+}
+
+function eventsRequest(path, lastEventId, signal) {
+  const headers = { Accept: "text/event-stream" };
+  if (lastEventId !== null) headers["Last-Event-ID"] = lastEventId;
+  return request(path, { headers, signal, raw: true });
+}
+
+/**
+ * Follow the events at ``path`` until the terminal one (see ``follow``). Resolves when the answer
+ * ended or ``signal`` aborted; rejects on a final API error.
+ */
+export function followEvents(path, { signal, onEvent, onConnection }) {
+  return follow((lastEventId) => eventsRequest(path, lastEventId, signal), { signal, onEvent, onConnection });
+}
+
+/**
+ * Send a whole turn (``POST /chats/{id}/turns``: the prompt and its answer, created together) and
+ * follow the answer. A refusal rejects before anything was created, as the API error. The stream's
+ * first event, `created`, goes to ``onCreated``, which returns the path of the answer's events: a
+ * broken stream is resumed there with Last-Event-ID, as ``followEvents`` does. A stream broken
+ * before `created` rejects with ``TurnInterrupted``.
+ */
+export async function followTurn(path, body, { signal, onCreated, onEvent, onConnection }) {
+  const headers = { Accept: "text/event-stream" };
+  let response = await request(path, { method: "POST", body, headers, signal, raw: true });
+  let eventsPath = null;
+  const connect = (lastEventId) => {
+    if (response) {
+      const first = response;
+      response = null;
+      return first;
+    }
+    if (eventsPath === null) throw new TurnInterrupted("the turn's stream broke before it said what it created");
+    return eventsRequest(eventsPath, lastEventId, signal);
+  };
+  const route = (event) => {
+    if (event.event_type === "created") eventsPath = onCreated(event);
+    else onEvent(event);
+  };
+  await follow(connect, { signal, onEvent: route, onConnection });
 }

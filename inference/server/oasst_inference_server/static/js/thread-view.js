@@ -70,7 +70,7 @@ export class ThreadView {
       message.role === "prompter" ? this.prompt(message, tree) : this.answer(message, tree, streams.get(message.id)),
     );
     const last = thread.at(-1);
-    const failed = last?.role === "prompter" && answerErrors.get(last.id);
+    const failed = last?.role === "prompter" && (last.refusal || answerErrors.get(last.id));
     if (failed) items.push(this.answerError(last, failed));
     this.list.replaceChildren(...items);
     if (focusKey) this.list.querySelector(`[data-focus-key="${CSS.escape(focusKey)}"]`)?.focus();
@@ -127,7 +127,7 @@ export class ThreadView {
     if (this.editing === message.id) return this.editor(message);
     return h(
       "li",
-      { className: "msg prompter", dataset: { id: message.id }, "aria-label": "Your message" },
+      { className: "msg prompter", dataset: { id: message.id }, "aria-label": message.unsent ? "Your message, not sent" : "Your message" },
       h("div", { className: "msg-body" }, message.content),
       h(
         "div",
@@ -138,7 +138,8 @@ export class ThreadView {
     );
   }
 
-  /** Where the answer to the last prompt would be, when asking for it failed: why, and a retry. */
+  /** Where the answer to the last prompt would be, when asking for it failed (or the server refused
+   * the whole turn, and the prompt is not stored): why, and a retry. */
   answerError(prompt, { error, model }) {
     return h(
       "li",
@@ -161,7 +162,7 @@ export class ThreadView {
   editor(message) {
     const area = h("textarea", { "aria-label": "Edit your message", maxlength: 16000 });
     area.value = message.content;
-    const first = !message.parent_id;
+    const first = !message.parent_id && !message.unsent; // a refused prompt is replaced in its place
     const cancel = () => {
       this.editing = null;
       this.actions.redraw();
