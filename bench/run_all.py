@@ -5,7 +5,7 @@ docs/performance.md: the machine, the date, the command, the targets and every r
 generated part lies between two markers; whatever follows the end marker (the hand-written analysis) is
 kept from run to run.
 
-    python -m bench.run_all                     # everything, full size (about half an hour on 2 cores)
+    python -m bench.run_all                     # everything, full size (about 45 minutes on 2 cores)
     python -m bench.run_all --tiny              # everything in tiny mode, written to a file under /tmp
     python -m bench.run_all --only broker_overhead,dispatch_latency   # re-measure two, keep the rest
 
