@@ -263,6 +263,15 @@ class BenchRun:
         wait_http_ok(f"{url}/health", process, timeout=30)
         return url
 
+    def start_bare_relay(self, backend_url: str) -> tuple[str, int]:
+        """The bare relay (bench/bare_relay.py) in front of ``backend_url``: its URL and process id."""
+        port = free_port()
+        argv = [sys.executable, "-m", "bench.bare_relay", "--port", str(port), "--backend", backend_url]
+        process = self.spawn("bare-relay", argv, {"PYTHONPATH": str(ROOT)})
+        url = f"http://127.0.0.1:{port}"
+        wait_http_ok(f"{url}/health", process, timeout=30)
+        return url, process.proc.pid
+
     def start_cpu_backend(self) -> str:
         port = free_port()
         process = self.spawn(
@@ -362,6 +371,26 @@ class Server:
     @property
     def pid(self) -> int:
         return self.process.proc.pid
+
+
+async def connect_synthetic_worker(url: str, model_config: Any, slots: int) -> Any:
+    """A websocket to the server's ``/workers/work`` that has announced itself as a worker of
+    ``model_config`` with ``slots`` slots: the benchmarks' synthetic workers speak the protocol on it."""
+    from websockets.asyncio.client import connect
+
+    from oasst_shared.protocol import (
+        API_KEY_HEADER,
+        PROTOCOL_VERSION,
+        PROTOCOL_VERSION_HEADER,
+        WorkerInfo,
+        dump_frame,
+    )
+
+    headers = {API_KEY_HEADER: WORKER_API_KEY, PROTOCOL_VERSION_HEADER: str(PROTOCOL_VERSION)}
+    ws = await connect(url, additional_headers=headers, ping_interval=None, max_queue=None)
+    info = WorkerInfo(model_config=model_config, max_parallel_requests=slots, backend_kind="fake")
+    await ws.send(dump_frame(info))
+    return ws
 
 
 def instant_model_config(name: str = INSTANT_MODEL) -> Any:
@@ -609,37 +638,81 @@ class OurApi:
         result.ended = result.ended or time.perf_counter()
         return result
 
+    async def prompt_and_ask(
+        self, token: str, chat_id: str, content: str, model: str, max_new_tokens: int
+    ) -> StreamResult:
+        """A turn in three requests (prompter_message, assistant_message, events), timed from the first."""
+        started = time.perf_counter()
+        try:
+            parent_id = await self.prompter(token, chat_id, None, content)
+        except (httpx.HTTPError, BenchHttpError, ValueError) as exc:
+            return StreamResult(
+                started=started, ended=time.perf_counter(), error=f"{type(exc).__name__}: {exc}"
+            )
+        result = await self.ask(token, chat_id, parent_id, model, max_new_tokens)
+        result.started = started
+        return result
+
+    async def turn(
+        self, token: str, chat_id: str, content: str, model: str, max_new_tokens: int
+    ) -> StreamResult:
+        """A turn in one request (``POST /chats/{id}/turns``), timed from it to the answer's last event."""
+        result = StreamResult(started=time.perf_counter())
+        body = {
+            "parent_id": None,
+            "content": content,
+            "model_config_name": model,
+            "sampling_parameters": {"do_sample": False, "max_new_tokens": max_new_tokens},
+        }
+        headers = {**self.auth(token), "Accept": "text/event-stream"}
+        try:
+            async with self.client.stream(
+                "POST", f"{self.base}/chats/{chat_id}/turns", json=body, headers=headers
+            ) as response:
+                await self._read_answer(response, result)
+        except (httpx.HTTPError, BenchHttpError, ValueError) as exc:
+            result.error = f"{type(exc).__name__}: {exc}"
+        result.ended = result.ended or time.perf_counter()
+        return result
+
     async def read_events(self, token: str, chat_id: str, message_id: str, result: StreamResult) -> None:
         url = f"{self.base}/chats/{chat_id}/messages/{message_id}/events"
         headers = {**self.auth(token), "Accept": "text/event-stream"}
-        parts: list[str] = []
         async with self.client.stream("GET", url, headers=headers) as response:
-            if response.status_code != 200:
-                await response.aread()
-                raise BenchHttpError(f"HTTP {response.status_code} on events: {response.text[:200]}")
-            async for _, data in _sse_events(response):
-                if data.startswith('{"event_type":"token"'):
-                    result.count_token()
-                    parts.append(json.loads(data)["text"])
-                    continue
-                event = json.loads(data)
-                kind = event.get("event_type")
-                if kind == "retry":
-                    # Another worker starts over: the tokens so far are void (the first one was still seen).
-                    parts.clear()
-                    result.tokens = 0
-                    result.retries += 1
-                elif kind in ("message", "error"):
-                    result.ended = time.perf_counter()
-                    result.final = event
-                    message = event.get("message") or {}
-                    result.generated_tokens = message.get("generated_tokens")
-                    result.text = "".join(parts)
-                    if kind == "message" and message.get("state") == "complete":
-                        result.ok = True
-                    else:
-                        result.error = f"{kind}: {event.get('error') or message.get('state')}"
-                    return
+            await self._read_answer(response, result)
+
+    @staticmethod
+    async def _read_answer(response: httpx.Response, result: StreamResult) -> None:
+        """Read an answer's server-sent events into ``result``, to its terminal event."""
+        if response.status_code != 200:
+            await response.aread()
+            raise BenchHttpError(f"HTTP {response.status_code} on {response.url.path}: {response.text[:200]}")
+        parts: list[str] = []
+        async for _, data in _sse_events(response):
+            if data.startswith('{"event_type":"token"'):
+                result.count_token()
+                parts.append(json.loads(data)["text"])
+                continue
+            event = json.loads(data)
+            kind = event.get("event_type")
+            if kind == "created":
+                result.message_id = event["assistant_message"]["id"]
+            elif kind == "retry":
+                # Another worker starts over: the tokens so far are void (the first one was still seen).
+                parts.clear()
+                result.tokens = 0
+                result.retries += 1
+            elif kind in ("message", "error"):
+                result.ended = time.perf_counter()
+                result.final = event
+                message = event.get("message") or {}
+                result.generated_tokens = message.get("generated_tokens")
+                result.text = "".join(parts)
+                if kind == "message" and message.get("state") == "complete":
+                    result.ok = True
+                else:
+                    result.error = f"{kind}: {event.get('error') or message.get('state')}"
+                return
         result.text = "".join(parts)
         result.error = "the event stream ended without a terminal event"
 

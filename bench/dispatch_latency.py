@@ -23,12 +23,12 @@ from typing import Any
 
 from bench._common import (
     REDIS_URL,
-    WORKER_API_KEY,
     BenchRun,
     OurApi,
     Report,
     Table,
     Target,
+    connect_synthetic_worker,
     http_client,
     instant_model_config,
     int_list,
@@ -61,20 +61,7 @@ class RawWorker:
         self.ws: Any = None
 
     async def start(self) -> None:
-        from websockets.asyncio.client import connect
-
-        from oasst_shared.protocol import (
-            API_KEY_HEADER,
-            PROTOCOL_VERSION,
-            PROTOCOL_VERSION_HEADER,
-            WorkerInfo,
-            dump_frame,
-        )
-
-        headers = {API_KEY_HEADER: WORKER_API_KEY, PROTOCOL_VERSION_HEADER: str(PROTOCOL_VERSION)}
-        self.ws = await connect(self.url, additional_headers=headers, ping_interval=None, max_queue=None)
-        info = WorkerInfo(model_config=self.model_config, max_parallel_requests=1, backend_kind="fake")
-        await self.ws.send(dump_frame(info))
+        self.ws = await connect_synthetic_worker(self.url, self.model_config, 1)
         self.task = asyncio.create_task(self._serve())
 
     async def _serve(self) -> None:

@@ -298,14 +298,13 @@ def main() -> None:
     parser.add_argument("--chunk", type=int, default=8, help="tokens per socket write after the first")
     parser.add_argument("--token-delay", type=float, default=0.0, help="seconds to wait after each write")
     args = parser.parse_args()
+    serve(InstantBackend(chunk=args.chunk, token_delay=args.token_delay), args.host, args.port)
+
+
+def serve(app: Any, host: str, port: int) -> None:
+    """Run a benchmark's stand-in server: quiet, with room for thousands of connections."""
     uvicorn.run(
-        InstantBackend(chunk=args.chunk, token_delay=args.token_delay),
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        access_log=False,
-        backlog=4096,
-        timeout_keep_alive=30,
+        app, host=host, port=port, log_level="warning", access_log=False, backlog=4096, timeout_keep_alive=30
     )
 
 

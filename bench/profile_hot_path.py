@@ -20,6 +20,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -84,6 +85,14 @@ def layer_of(frames: list[str]) -> str:
     return EVENT_LOOP
 
 
+# The entry points hold every sample of their process: they are not the project's work.
+ENTRY_POINTS = ("__main__", "oasst_inference_server/serve.py")
+
+
+def _is_project_frame(frame: str) -> bool:
+    return "(oasst_" in frame and not any(entry in frame for entry in ENTRY_POINTS)
+
+
 NO_PROJECT_FRAME = "(no project frame: event loop, uvicorn, starlette internals)"
 _FRAME = re.compile(r"^(?P<func>.*?) \((?P<file>.*?)(?::(?P<line>\d+))?\)$")
 
@@ -129,7 +138,7 @@ class Profile:
 
     def project_frames(self) -> Counter[str]:
         """Inclusive time of the project's own functions (not the entry point)."""
-        return Counter({k: v for k, v in self.inclusive.items() if "(oasst_" in k and "__main__" not in k})
+        return Counter({k: v for k, v in self.inclusive.items() if _is_project_frame(k)})
 
 
 def analyse(raw: str) -> Profile:
@@ -152,7 +161,7 @@ def analyse(raw: str) -> Profile:
         for name in {short_frame(f) for f in frames}:
             profile.inclusive[name] += count
         profile.layers[layer_of(frames)] += count
-        own_code = [f for f in frames if "(oasst_" in f and "__main__" not in f]
+        own_code = [f for f in frames if _is_project_frame(f)]
         profile.nearest[short_frame(own_code[-1]) if own_code else NO_PROJECT_FRAME] += count
     return profile
 
@@ -161,6 +170,80 @@ def _share_table(title: str, counter: Counter[str], total: int, top: int) -> Tab
     table = Table(title, ["%", "samples", "frame"])
     for name, count in counter.most_common(top):
         table.rows.append([f"{100 * count / total:.1f}", str(count), name])
+    return table
+
+
+@dataclass
+class Sampled:
+    """What :func:`profile_during` measured: a profile per process (None where py-spy wrote none), the
+    processes' CPU seconds, the wall time of the load and py-spy's errors."""
+
+    profiles: dict[str, Profile | None]
+    cpu: dict[str, float]
+    wall: float
+    errors: list[str]
+
+
+async def profile_during(
+    spy: str,
+    pids: dict[str, int],
+    duration: float,
+    rate: int,
+    out_dir: Path,
+    load: Callable[[float], Awaitable[object]],
+) -> Sampled:
+    """Sample ``pids`` with py-spy for ``duration`` seconds while ``load(deadline)`` runs until the deadline
+    (a ``time.monotonic()`` value)."""
+    stamp = f"{time.monotonic_ns()}"
+    outputs = {name: out_dir / f"py-spy-{name}-{stamp}.txt" for name in pids}
+    spies = [
+        subprocess.Popen(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(pid),
+                "--rate",
+                str(rate),
+                "--duration",
+                str(max(1, round(duration))),
+            ]
+            + ["--format", "raw", "--nonblocking", "--function", "--output", str(outputs[name])],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+        )
+        for name, pid in pids.items()
+    ]
+    cpu0 = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    wall0 = time.perf_counter()
+    await load(time.monotonic() + duration)
+    wall = time.perf_counter() - wall0
+    cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in pids.items()}
+    errors = []
+    for spy_proc in spies:
+        _, stderr = await asyncio.to_thread(spy_proc.communicate, None, duration + 60)
+        if spy_proc.returncode != 0:
+            errors.append(stderr.decode(errors="replace")[-500:])
+    profiles = {
+        name: analyse(path.read_text(errors="replace")) if path.exists() else None
+        for name, path in outputs.items()
+    }
+    return Sampled(profiles, cpu, wall, errors)
+
+
+def top_entries(label: str, profile: Profile, layers: int = 5, frames: int = 6) -> Table:
+    """One short table of a profile: its top layers, top frames by own time, and the samples charged to the
+    innermost frame of the project's code on their stack."""
+    table = Table(label, ["kind", "%", "samples", "frame"])
+    total = max(1, profile.samples)
+    sections = (
+        ("layer", profile.layers, layers),
+        ("own time", profile.own, frames),
+        ("innermost project frame", profile.nearest, frames),
+    )
+    for kind, counter, top in sections:
+        for name, count in counter.most_common(top):
+            table.rows.append([kind, f"{100 * count / total:.1f}", str(count), name])
     return table
 
 
@@ -183,47 +266,22 @@ async def run(args: argparse.Namespace) -> Report:
         backend = bench.start_instant_backend()
         server, (worker,) = bench.start_stack(backend, max_parallel=max(concurrency, 2))
         targets = {"server": server.pid, "worker": worker.proc.pid}
-        outputs = {name: bench.log_dir / f"py-spy-{name}.txt" for name in targets}
         async with http_client(concurrency) as client:
             api = OurApi(client, server.url)
             users = await login_users(api, concurrency, "profile")
             # Warm up (imports, connection pools) before sampling.
             await asyncio.gather(*(_one(api, users[k], tokens) for k in range(concurrency)))
-            spies = [
-                subprocess.Popen(
-                    [
-                        spy,
-                        "record",
-                        "--pid",
-                        str(pid),
-                        "--rate",
-                        str(args.rate),
-                        "--duration",
-                        str(int(duration)),
-                    ]
-                    + ["--format", "raw", "--nonblocking", "--function", "--output", str(outputs[name])],
-                    stdout=subprocess.DEVNULL,
-                    stderr=subprocess.PIPE,
-                )
-                for name, pid in targets.items()
-            ]
-            cpu0 = {name: cpu_seconds(pid) for name, pid in targets.items()}
-            deadline = time.monotonic() + duration
             results: list[StreamResult] = []
 
-            async def loop(k: int) -> None:
-                while time.monotonic() < deadline:
-                    results.append(await _one(api, users[k], tokens))
+            async def drive(deadline: float) -> None:
+                async def loop(k: int) -> None:
+                    while time.monotonic() < deadline:
+                        results.append(await _one(api, users[k], tokens))
 
-            wall0 = time.perf_counter()
-            await asyncio.gather(*(loop(k) for k in range(concurrency)))
-            wall = time.perf_counter() - wall0
-            cpu = {name: cpu_seconds(pid) - cpu0[name] for name, pid in targets.items()}
-            errors = []
-            for spy_proc in spies:
-                _, stderr = await asyncio.to_thread(spy_proc.communicate, None, duration + 60)
-                if spy_proc.returncode != 0:
-                    errors.append(stderr.decode(errors="replace")[-500:])
+                await asyncio.gather(*(loop(k) for k in range(concurrency)))
+
+            sampled = await profile_during(spy, targets, duration, args.rate, bench.log_dir, drive)
+            cpu, wall = sampled.cpu, sampled.wall
         load = summarize(results)
         report.metrics.update(
             requests=load.requests,
@@ -238,11 +296,13 @@ async def run(args: argparse.Namespace) -> Report:
             f"{load.errors} errors; CPU use: server {num(100 * cpu['server'] / wall)} %, "
             f"worker {num(100 * cpu['worker'] / wall)} %"
         )
-        for name, path in outputs.items():
-            if not path.exists():
-                report.notes.append(f"py-spy wrote no profile of the {name}: {' | '.join(errors)[:500]}")
+        for name in targets:
+            result = sampled.profiles.get(name)
+            if result is None:
+                report.notes.append(
+                    f"py-spy wrote no profile of the {name}: {' | '.join(sampled.errors)[:500]}"
+                )
                 continue
-            result = analyse(path.read_text(errors="replace"))
             total = result.samples
             report.metrics[f"{name}_samples"] = total
             if total == 0:

@@ -91,6 +91,11 @@ def test_scale_replicas(tmp_path):
         assert m[replicas]["tokens"] == report["params"]["requests"] * report["params"]["tokens_per_stream"]
         assert plausible_seconds(m[replicas]["ttft_p50"])
     assert m["scale_ratio"] > 0
+    # OASST_SERVER_PROCESSES: 1 and 2 processes in tiny mode.
+    for count in (1, 2):
+        assert m[f"processes_{count}"]["errors"] == 0, m[f"processes_{count}"]["first_error"]
+        assert m[f"processes_{count}"]["tokens"] == m["replicas_1"]["tokens"]
+    assert m["processes_1"]["efficiency"] == 1.0 and m["processes_2"]["efficiency"] > 0
 
 
 def test_user_load_loses_nothing(tmp_path):
@@ -137,3 +142,47 @@ def test_scheduling(tmp_path):
     assert m["fair"]["light_ttft_p50"] < m["fifo"]["light_ttft_p50"]
     assert set(m["dispatch_latency"]) == {"1", "10"}
     assert all(level["lost"] == 0 for level in m["dispatch_latency"].values())
+
+
+def test_relay_targets(tmp_path):
+    report = run_tiny("relay_targets", tmp_path)
+    assert any("LiteLLM skipped" in note for note in report["notes"])
+    ttft = report["metrics"]["ttft"]
+    assert set(ttft) == {
+        "direct",
+        "bare relay",
+        "ours, /v1/chat/completions",
+        "ours, chat API (3 requests)",
+        "ours, POST /chats/{id}/turns",
+    }
+    for name, path in ttft.items():
+        assert path["errors"] == 0, f"{name}: {path['first_error']}"
+        assert plausible_seconds(path["ttft_p50"])
+    cpu = report["metrics"]["cpu"]
+    assert {key.split("_", 1)[1] for key in cpu} == {
+        "bare relay",
+        "ours, /v1/chat/completions",
+        "ours, chat API (3 requests)",
+    }
+    for name, run in cpu.items():
+        assert run["errors"] == 0, f"{name}: {run['first_error']}"
+        assert run["tokens"] == run["requests"] * int(name.split("_", 1)[0])
+        if "ours" in name:  # the bare relay's few tiny streams may cost less than a clock tick
+            assert run["tokens_per_relay_cpu_s"] > 0
+    names = [t["name"] for t in report["targets"]]
+    assert len(names) == 5 and sum(n.startswith("added TTFT at one stream") for n in names) == 2
+    # Without LiteLLM the TTFT targets are not judged; an unmet one gets a profile table.
+    assert all(t["met"] is None for t in report["targets"] if t["name"].startswith("added TTFT"))
+    if any(t["met"] is False for t in report["targets"]):
+        assert any(t["title"].startswith("What limits") for t in report["tables"])
+
+
+def test_many_streams(tmp_path):
+    report = run_tiny("many_streams", tmp_path)
+    m = report["metrics"]
+    assert m["errors"] == 0, m["first_error"]
+    assert m["complete"] == m["streams"] == m["open_at_once"]
+    assert plausible_seconds(m["ttft_p99"])
+    assert 10 < m["server_peak_rss_mib"] < 4096
+    (target,) = report["targets"]
+    assert target["met"] is True
