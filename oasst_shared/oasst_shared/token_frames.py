@@ -38,6 +38,7 @@ from oasst_shared.protocol import (
     TokenBatch,
     WorkerFrame,
     parse_worker_frame,
+    text_problem,
 )
 
 _logprobs_adapter: TypeAdapter[list[TokenLogprob]] = TypeAdapter(list[TokenLogprob])
@@ -110,9 +111,10 @@ def decode_worker_frame(data: str | bytes) -> TokenFrames | WorkerFrame:
         raise ProtocolError("<frame>: not valid Unicode (a lone surrogate)") from None
     tokens = [frame] if isinstance(frame, TokenFrame) else frame.tokens
     for i, token in enumerate(tokens):
-        if "\x00" in token.text:
+        problem = text_problem(token.text)
+        if problem is not None:
             where = f"tokens.{i}." if len(tokens) > 1 or isinstance(frame, _TokenBatchFrame) else ""
-            raise ProtocolError(f"{where}text: text holds a NUL character")
+            raise ProtocolError(f"{where}text: {problem}")
         if token.logprobs is not None:
             token.logprobs = checked_logprobs(token.logprobs)
     return TokenFrames(tokens)

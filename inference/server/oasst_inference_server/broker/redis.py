@@ -154,10 +154,14 @@ def _popped(reply: Any) -> PoppedWork | None:
     return PoppedWork(str(reply[0]), str(reply[1]))
 
 
-def _handed(entry: Any) -> PoppedWork:
+def _hand_entry(entry: Any) -> tuple[PoppedWork, float, str]:
     """A hand entry (fair_lua's PUSH): message id, job note, cost and user, joined by NULs."""
-    message_id, job, _cost, _user = str(entry).split("\0")
-    return PoppedWork(message_id, job)
+    message_id, job, cost, user = str(entry).split("\0")
+    return PoppedWork(message_id, job), float(cost), user
+
+
+def _handed(entry: Any) -> PoppedWork:
+    return _hand_entry(entry)[0]
 
 
 class RedisBroker(Broker):
@@ -334,9 +338,9 @@ class RedisBroker(Broker):
                 handed = await self._fair_stop_waiting(keys=[base], args=[popper])
                 if handed is None:
                     return
-                message_id, job, cost, user = str(handed).split("\0")
-                await self._fair_charge(keys=[base], args=[user, repr(-float(cost))])
-                await self.push_work(queue, message_id, user=user, cost=float(cost), job=job)
+                work, cost, user = _hand_entry(handed)
+                await self._fair_charge(keys=[base], args=[user, repr(-cost)])
+                await self.push_work(queue, work.message_id, user=user, cost=cost, job=work.job)
         except (RedisError, OSError, BrokerError, TimeoutError) as exc:
             logger.warning("a hint handed to a popper that gave up was not given back: {!r}", exc)
 

@@ -45,6 +45,11 @@ class ClaimGate:
     def unconfirmed(self) -> set[str]:
         return set(self._unconfirmed)
 
+    @property
+    def open(self) -> bool:
+        """Whether any claim is still unconfirmed (the usual answer, on the token path, is no)."""
+        return bool(self._unconfirmed)
+
     async def wait(self, message_ids: Iterable[str]) -> None:
         """Until the claims of these messages (if any is open) are settled."""
         if not self._unconfirmed:

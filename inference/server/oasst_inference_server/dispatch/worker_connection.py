@@ -334,7 +334,8 @@ class WorkerConnection:
         """One valid frame. A storage outage is waited out here; any other fault of one message's frame
         fails that message, never the connection."""
         message_id = getattr(frame, "message_id", None)
-        await self._gate.wait(named_messages(frame))
+        if self._gate.open:  # else no message id set is built per token frame
+            await self._gate.wait(named_messages(frame))
         try:
             if self._gate.void and await self._ended_void(frame):
                 return
