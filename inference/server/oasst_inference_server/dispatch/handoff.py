@@ -22,6 +22,8 @@ May import dispatch, broker, db, settings; not api or openai_api.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable
 from typing import NamedTuple, Protocol, cast
 
 from loguru import logger
@@ -42,7 +44,7 @@ class TakesHandOvers(Protocol):
 
     def unreserve(self) -> None: ...
 
-    async def hand_over(self, session: AsyncSession, message: DbMessage) -> bool: ...
+    async def hand_over(self, session: AsyncSession, message: DbMessage, permit: Awaitable[bool]) -> bool: ...
 
     async def handed(self, message_id: str, *, committed: bool) -> None: ...
 
@@ -80,25 +82,34 @@ class Handoff:
         connection = cast(TakesHandOvers, reserved)
         queue = events.work_queue_name(model)
         cost = ticket.estimated_cost(self._settings)
-        try:
-            served = await self._broker.serve_now(queue, user=ticket.user, cost=cost)
-        except BrokerError as exc:
-            logger.warning("message {}: fair queue unreadable ({}): queued instead", message.id, exc)
-            served = False
-        except BaseException:
-            connection.unreserve()
-            raise
-        if not served:
-            connection.unreserve()
-            return None
+        # The fair queue's answer comes while the connection reads the conversation.
+        permit = asyncio.ensure_future(self._serve_now(queue, ticket.user, cost, message.id))
         sent = False
         try:
-            sent = await connection.hand_over(session, message)
+            sent = await connection.hand_over(session, message, permit)
         finally:
             if not sent:
-                # Queued after all: the push will count it again, so its serving is taken back.
-                try:
-                    await self._broker.charge(queue, ticket.user, -cost)
-                except BrokerError as exc:
-                    logger.warning("fair-share refund of {} not applied: {}", message.id, exc)
+                await self._take_back(permit, queue, ticket.user, cost, message.id)
         return HandedOver(connection, message.id) if sent else None
+
+    async def _serve_now(self, queue: str, user: str, cost: float, message_id: str) -> bool:
+        try:
+            return await self._broker.serve_now(queue, user=user, cost=cost)
+        except BrokerError as exc:
+            logger.warning("message {}: fair queue unreadable ({}): queued instead", message_id, exc)
+            return False
+
+    async def _take_back(
+        self, permit: asyncio.Future[bool], queue: str, user: str, cost: float, message_id: str
+    ) -> None:
+        """The job queues after all: if the fair queue counted it served, the push will count it again,
+        so that serving is taken back."""
+        try:
+            served = await asyncio.shield(permit)
+        except Exception:
+            return
+        if served:
+            try:
+                await self._broker.charge(queue, user, -cost)
+            except BrokerError as exc:
+                logger.warning("fair-share refund of {} not applied: {}", message_id, exc)

@@ -202,11 +202,12 @@ class WorkerConnection:
             self.capacity.reported_free_slots += 1
         self._capacity_changed()
 
-    async def hand_over(self, session: AsyncSession, message: DbMessage) -> bool:
+    async def hand_over(self, session: AsyncSession, message: DbMessage, permit: Awaitable[bool]) -> bool:
         """Claim ``message`` (pending in ``session``'s open transaction, not yet written) for this worker
-        and send it before the caller commits; the slot was reserved. True: sent, and the caller must
-        report its commit's outcome with :meth:`handed`. False: not sent, the message left pending and
-        the slot given back (the caller queues the message)."""
+        and send it before the caller commits, if ``permit`` (awaited once the frame is ready) says so;
+        the slot was reserved. True: sent, and the caller must report its commit's outcome with
+        :meth:`handed`. False: not sent, the message left pending and the slot given back (the caller
+        queues the message)."""
         message_id = message.id
         try:
             claimed = await self._lifecycle.claim_unsaved(
@@ -220,6 +221,16 @@ class WorkerConnection:
             self.unreserve()
             raise
         if claimed is None:  # no frame can carry it: queued, its claim then fails it as for any message
+            self.unreserve()
+            return False
+        try:
+            permitted = await permit
+        except BaseException:
+            self._lifecycle.unclaim_unsaved(message)
+            self.unreserve()
+            raise
+        if not permitted:
+            self._lifecycle.unclaim_unsaved(message)
             self.unreserve()
             return False
         self._claiming -= 1

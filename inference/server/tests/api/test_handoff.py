@@ -199,7 +199,10 @@ class RecordingConnection:
         self.reserved -= 1
         self.capacity.in_flight -= 1
 
-    async def hand_over(self, session: Any, message: Any) -> bool:
+    async def hand_over(self, session: Any, message: Any, permit: Any) -> bool:
+        if not await permit:
+            self.unreserve()
+            return False
         if self.sends:
             self.handed.append(message.id)
         else:
