@@ -60,7 +60,8 @@ def test_relay_efficiency(tmp_path):
 def test_broker_overhead(tmp_path):
     report = run_tiny("broker_overhead", tmp_path)
     levels = report["metrics"]
-    assert set(levels) == {"1", "10"}
+    # Both paths, each at both levels: handed over at once (the default) and queued.
+    assert set(levels) == {"1", "10", "1 queued", "10 queued"}
     for level in levels.values():
         assert level["errors"] == 0, level["first_error"]
         assert level["wrong_token_counts"] == 0
@@ -74,7 +75,8 @@ def test_broker_overhead(tmp_path):
 def test_dispatch_latency(tmp_path):
     report = run_tiny("dispatch_latency", tmp_path)
     levels = report["metrics"]
-    assert set(levels) == {"1", "10"}
+    # Both paths, each at both levels: handed over at once (the default) and queued.
+    assert set(levels) == {"1", "10", "1 queued", "10 queued"}
     for level in levels.values():
         assert level["lost"] == 0
         assert level["samples"] >= 8
@@ -140,7 +142,7 @@ def test_scheduling(tmp_path):
         assert plausible_seconds(m[run]["light_ttft_p50"], 60)
     # The light users' one answer each goes ahead of the heavy backlog only with fair queuing.
     assert m["fair"]["light_ttft_p50"] < m["fifo"]["light_ttft_p50"]
-    assert set(m["dispatch_latency"]) == {"1", "10"}
+    assert set(m["dispatch_latency"]) == {"1", "10", "1 queued", "10 queued"}
     assert all(level["lost"] == 0 for level in m["dispatch_latency"].values())
 
 

@@ -35,6 +35,7 @@ from oasst_inference_server.db.migrations import upgrade_to_head
 from oasst_inference_server.dispatch.compliance import ComplianceChecker
 from oasst_inference_server.dispatch.compliance_store import ComplianceRecorder
 from oasst_inference_server.dispatch.dispatcher import Dispatchers
+from oasst_inference_server.dispatch.handoff import Handoff
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
@@ -79,7 +80,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings, app.state.dispatchers, app.state.compliance
         )
         checker_task = asyncio.create_task(checker.run(), name="compliance checks")
-        app.state.submission = SubmissionService(settings, app.state.lifecycle, app.state.registry)
+        handoff = Handoff(app.state.dispatchers, broker, settings) if settings.hand_over_at_once else None
+        app.state.submission = SubmissionService(settings, app.state.lifecycle, app.state.registry, handoff)
         app.state.openai_service = OpenAIService(
             settings, session_factory, fanout, app.state.lifecycle, app.state.registry, app.state.submission
         )

@@ -109,6 +109,13 @@ class Settings(BaseSettings):
         "is sent while its claim's transaction is still open, so this also bounds how long a worker that "
         "does not read can hold a database connection.",
     )
+    hand_over_at_once: bool = Field(
+        default=True,
+        description="When nothing waits in a model's queue and a worker of this server process has room, a "
+        "new job is sent to it inside the transaction that creates it, before the commit, instead of being "
+        "queued: the worker gets it about a disk flush and three hops sooner. The fair queue counts it as "
+        "served; a job never jumps one that waits. Off: every job goes through the queue.",
+    )
     worker_hello_timeout: float = Field(
         default=10.0, gt=0, description="Seconds a new worker connection has to send its `worker_info` frame."
     )

@@ -34,6 +34,7 @@ from oasst_inference_server.chats.chat_store import (
 )
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, new_id, utcnow
 from oasst_inference_server.dispatch import fair_share
+from oasst_inference_server.dispatch.handoff import Handoff
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue, ServiceUnavailable
@@ -48,10 +49,17 @@ from oasst_shared.schemas import (
 
 
 class SubmissionService:
-    def __init__(self, settings: Settings, lifecycle: MessageLifecycle, registry: WorkerRegistry) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        lifecycle: MessageLifecycle,
+        registry: WorkerRegistry,
+        handoff: Handoff | None = None,
+    ) -> None:
         self._settings = settings
         self._lifecycle = lifecycle
         self._registry = registry
+        self._handoff = handoff
 
     async def admit(
         self, session: AsyncSession, user_id: str, model_name: str, *, chat_id: str | None = None
@@ -75,8 +83,10 @@ class SubmissionService:
         chat_characters: int | None = None,
     ) -> DbMessage:
         """Commit ``message`` as pending with its fair-queue ticket (and whatever else ``session`` holds;
-        ``chat``, if given, gets it as its newest message), then queue it. ``chat_characters``: the
-        length of the chat's messages, if :meth:`admit` measured it (the ticket then needs no query)."""
+        ``chat``, if given, gets it as its newest message), then queue it; or, when nothing waits in the
+        model's queue and a worker of this process is idle, hand it to that worker before the commit
+        (:mod:`.dispatch.handoff`). ``chat_characters``: the length of the chat's messages, if
+        :meth:`admit` measured it (the ticket then needs no query)."""
         ticket = await fair_share.new_ticket(
             session, self._settings, message, requested, user=user, chat_characters=chat_characters
         )
@@ -86,6 +96,16 @@ class SubmissionService:
             chat.modified_at = message.enqueued_at or utcnow()
             chat.active_thread_tail_message_id = message.id
             session.add(chat)
+        handed = await self._handoff.try_hand_over(session, message, ticket) if self._handoff else None
+        if handed is not None:
+            try:
+                await session.commit()
+            except BaseException:
+                await handed.committed(False)
+                raise
+            await handed.committed(True)
+            logger.info("message {} ({}) handed to a worker for user {}", message.id, message.kind, user.id)
+            return message
         await session.commit()
         try:
             await self._lifecycle.enqueue(message)

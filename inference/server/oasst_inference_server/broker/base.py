@@ -90,6 +90,12 @@ class Broker(abc.ABC):
         return None if popped is None else popped.message_id
 
     @abc.abstractmethod
+    async def serve_now(self, queue: str, *, user: str, cost: float) -> bool:
+        """If no hint waits in ``queue``, count a job of ``user`` as served at once (its counter moves
+        as a push and its pop would move it) and return True: the job may go to a worker without
+        queueing, jumping nobody. False, with nothing changed, while any hint waits."""
+
+    @abc.abstractmethod
     async def charge(self, queue: str, user: str, amount: float) -> None:
         """Correct ``user``'s counter by ``amount`` (real tokens served minus the estimate, weighted)."""
 

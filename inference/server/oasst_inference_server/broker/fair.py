@@ -75,6 +75,16 @@ class FairQueue:
             return hint
         return None
 
+    def serve_now(self, user: str, cost: float) -> bool:
+        """Count a job of ``user`` served at once, as a push and its pop would, if nobody waits: the
+        job jumps no queue. False (nothing changed) while any hint waits."""
+        if self.lists:
+            return False
+        counter = max(self.counters.get(user, 0.0), self.last_served - self.credit)
+        self.last_served = counter
+        self.counters[user] = counter + max(0.0, cost)
+        return True
+
     def unpop(self, hint: QueuedHint) -> None:
         """Undo :meth:`pop` of ``hint`` (its taker was cancelled before acting on it)."""
         counter = self.counters.get(hint.user, 0.0) - hint.cost

@@ -132,6 +132,23 @@ redis.call('ZREM', base .. 'idle', ARGV[1])
 return redis.call('LPOP', base .. 'hand:' .. ARGV[1])
 """
 
+# ARGV: user, cost, credit. A job served at once, as PUSH and its pop would count it, if no hint waits
+# (returns 1); else nothing changes (returns 0).
+SERVE_NOW = (
+    _COMMON
+    + """
+if redis.call('ZCARD', base .. 'users') > 0 then return 0 end
+local user, cost, credit = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+if cost < 0 then cost = 0 end
+local counter = tonumber(redis.call('HGET', base .. 'counters', user) or '0')
+local lifted = floor_counter() - credit
+if lifted > counter then counter = lifted end
+redis.call('SET', base .. 'served', fmt(counter))
+redis.call('HSET', base .. 'counters', user, fmt(counter + cost))
+return 1
+"""
+)
+
 # ARGV: message id
 REMOVE = """
 local base = KEYS[1]

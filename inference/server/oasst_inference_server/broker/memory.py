@@ -164,6 +164,9 @@ class InMemoryBroker(Broker):
             if waiter in wq.waiters:
                 wq.waiters.remove(waiter)
 
+    async def serve_now(self, queue: str, *, user: str, cost: float) -> bool:
+        return self._queue(queue).items.serve_now(user, cost)
+
     async def charge(self, queue: str, user: str, amount: float) -> None:
         self._queue(queue).items.charge(user, amount)
 

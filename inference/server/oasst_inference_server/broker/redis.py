@@ -226,6 +226,7 @@ class RedisBroker(Broker):
         self._fair_stop_waiting = self._client.register_script(fair_lua.STOP_WAITING)
         self._fair_remove = self._client.register_script(fair_lua.REMOVE)
         self._fair_charge = self._client.register_script(fair_lua.CHARGE)
+        self._fair_serve_now = self._client.register_script(fair_lua.SERVE_NOW)
         self._fair_snapshot = self._client.register_script(fair_lua.SNAPSHOT)
         self._closed = False
         self._closed_future: asyncio.Future[None] | None = None
@@ -343,6 +344,13 @@ class RedisBroker(Broker):
                 await self.push_work(queue, work.message_id, user=user, cost=cost, job=work.job)
         except (RedisError, OSError, BrokerError, TimeoutError) as exc:
             logger.warning("a hint handed to a popper that gave up was not given back: {!r}", exc)
+
+    async def serve_now(self, queue: str, *, user: str, cost: float) -> bool:
+        with _translated("serve now"):
+            served = await self._fair_serve_now(
+                keys=[self.keys.queue(queue)], args=[user, repr(float(cost)), repr(self.fair_credit)]
+            )
+        return bool(served)
 
     async def charge(self, queue: str, user: str, amount: float) -> None:
         with _translated("charge"):

@@ -100,14 +100,20 @@ async def take(session: AsyncSession, message_id: str, values: dict[str, Any]) -
         if row is None:
             return None
         message = DbMessage(**row._asdict())
-        chat = []
-        if _reads_chat(message):
-            rows = await connection.execute(_CHAT_ROWS, {"chat_id": message.chat_id})
-            chat = [ChatRow(i, p, Role(r).value, c) for i, p, r, c in rows.all()]
-        return Taken(message, chat)
+        return Taken(message, await conversation(session, message))
     row = (await connection.execute(_CLAIM_WITH_CHAT, params)).first()
     if row is None:
         return None
     fields = row._asdict()
     chat = [ChatRow(*r) for r in fields.pop("chat_rows") or []]
     return Taken(DbMessage(**fields), chat)
+
+
+async def conversation(session: AsyncSession, message: DbMessage) -> list[ChatRow]:
+    """The messages of ``message``'s chat as ``session``'s transaction sees them (empty unless it is a
+    chat message): what :func:`take` returns with a claim, for a message not yet written."""
+    if not _reads_chat(message):
+        return []
+    connection = await session.connection()
+    rows = await connection.execute(_CHAT_ROWS, {"chat_id": message.chat_id})
+    return [ChatRow(i, p, Role(r).value, c) for i, p, r, c in rows.all()]

@@ -34,6 +34,8 @@ class Assignable(Protocol):
 
     def assign(self, message_id: str, max_new_tokens: int | None = None) -> None: ...
 
+    def reserve(self) -> None: ...
+
 
 class Requeuing(Protocol):
     """What the dispatcher needs of the message lifecycle (``message_lifecycle.MessageLifecycle``)."""
@@ -61,6 +63,9 @@ class ModelDispatcher:
         self.workers: dict[str, Assignable] = {}
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        # True while the dispatcher waits on the queue with room on some worker and nothing in hand: a
+        # new job may then go to a worker at once (:meth:`take_now`).
+        self.waiting = False
         # Workers cap prompt plus answer at the model's max_total_length: no job needs more KV cache.
         self.max_total_length: int | None = None
 
@@ -98,6 +103,7 @@ class ModelDispatcher:
             if not any(c.free_slots > 0 and c.takes_user_work for c in self._capacities()):
                 await self._wait_for_change()
                 continue
+            self.waiting = True
             try:
                 popped = await self._broker.pop_hint(self.queue, timeout=1.0)
             except BrokerError as exc:
@@ -105,6 +111,8 @@ class ModelDispatcher:
                 logger.warning("dispatcher of {}: cannot read the work queue: {}", self.model, exc)
                 await asyncio.sleep(1.0)
                 continue
+            finally:
+                self.waiting = False
             if popped is None:
                 continue
             message_id = popped.message_id
@@ -119,6 +127,22 @@ class ModelDispatcher:
                 with contextlib.suppress(Exception):
                     await self._lifecycle.requeue(message_id)
                 await asyncio.sleep(0.5)
+
+    def take_now(self, placement: fair_share.Placement) -> Assignable | None:
+        """The worker a new job of ``placement`` goes to at once, its slot reserved, if this dispatcher
+        is waiting on its queue (nothing popped is being placed) and a worker can take the job; else
+        None (the job is queued). The caller must still check that nothing waits in the queue."""
+        if not self.waiting:
+            return None
+        tokens = placement.tokens
+        if self.max_total_length is not None:
+            tokens = min(tokens, self.max_total_length)
+        chosen = choose_worker(self._capacities(), tokens, trusted_only=placement.trusted_only)
+        if chosen is None:
+            return None
+        connection = self.workers[chosen.session_id]
+        connection.reserve()
+        return connection
 
     async def _place(self, message_id: str, placement: fair_share.Placement | None) -> None:
         """``placement``: what the hint carried (None for a hint pushed without it)."""

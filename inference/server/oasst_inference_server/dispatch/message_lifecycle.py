@@ -26,7 +26,7 @@ from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.dispatch import events, fair_share
 from oasst_inference_server.dispatch.capacity import DEFAULT_TOKENS_PER_SECOND
-from oasst_inference_server.dispatch.claim import Taken, take, thread_to
+from oasst_inference_server.dispatch.claim import CLAIM_VALUES, Taken, conversation, take, thread_to
 from oasst_inference_server.settings import Settings
 from oasst_shared.chat_template import cut_to_budget
 from oasst_shared.protocol import (
@@ -262,20 +262,11 @@ class MessageLifecycle:
                 yield None
                 return
             try:
-                work = _work_frame(taken, max_input_tokens)
-            except (ValidationError, ValueError) as exc:
+                claimed = _claimed(taken, max_input_tokens, protocol_version)
+            except UnsendableMessage:
                 await session.rollback()
-                raise UnsendableMessage(
-                    f"the conversation cannot be sent to a worker: {_first_error(exc)}"
-                ) from None
-            frame = dump_work(work, protocol_version) if isinstance(work, Work) else dump_frame(work)
-            size = frame_bytes(frame)
-            if size > MAX_FRAME_BYTES:
-                await session.rollback()
-                raise UnsendableMessage(
-                    f"the conversation is {size} bytes, more than the worker frame limit of {MAX_FRAME_BYTES}"
-                )
-            asked = work.sampling_parameters.max_new_tokens if isinstance(work, Work) else 0
+                raise
+            asked = claimed.work.sampling_parameters.max_new_tokens if isinstance(claimed.work, Work) else 0
             if asked != max_new_tokens:
                 await session.exec(
                     update(DbMessage)
@@ -283,11 +274,48 @@ class MessageLifecycle:
                     .values(generation_deadline=self._generation_deadline(now, asked))
                 )
             try:
-                yield Claimed(work, frame)
+                yield claimed
             except BaseException:
                 await session.rollback()
                 raise
             await session.commit()
+
+    async def claim_unsaved(
+        self,
+        session: AsyncSession,
+        message: DbMessage,
+        session_id: str,
+        *,
+        max_input_tokens: int | None = None,
+        protocol_version: int = PROTOCOL_VERSION,
+    ) -> Claimed | None:
+        """Claim ``message``, pending in ``session`` and not yet written, for a worker session: its claim's
+        values are set on it (the caller's commit writes them with the insert) and its frame is built from
+        its conversation as the transaction sees it. Nothing else can know of the message before that
+        commit, so nothing needs locking. None, with ``message`` unchanged, if no frame can carry it.
+        :meth:`unclaim_unsaved` undoes it before the commit."""
+        chat = await conversation(session, message)
+        now = utcnow()
+        message.state = MessageState.in_progress
+        message.attempts += 1
+        message.worker_session_id = session_id
+        message.lease_deadline = now + timedelta(seconds=self._settings.lease_seconds)
+        message.started_at = now
+        try:
+            claimed = _claimed(Taken(message, chat), max_input_tokens, protocol_version)
+        except UnsendableMessage:
+            self.unclaim_unsaved(message)
+            return None
+        asked = claimed.work.sampling_parameters.max_new_tokens if isinstance(claimed.work, Work) else 0
+        message.generation_deadline = self._generation_deadline(now, asked)
+        return claimed
+
+    @staticmethod
+    def unclaim_unsaved(message: DbMessage) -> None:
+        message.state = MessageState.pending
+        message.attempts -= 1
+        for name in CLAIM_VALUES:
+            setattr(message, name, None)
 
     def _generation_deadline(self, now: datetime, max_new_tokens: int) -> datetime:
         return now + timedelta(seconds=self._settings.in_progress_bound(max_new_tokens))
@@ -553,6 +581,22 @@ class MessageLifecycle:
                 return None
             await session.commit()
             return await session.get(DbMessage, message_id)
+
+
+def _claimed(taken: Taken, max_input_tokens: int | None, protocol_version: int) -> Claimed:
+    """The work frame of a claimed message, serialized for ``protocol_version``; raises
+    :class:`UnsendableMessage` if no frame can carry it."""
+    try:
+        work = _work_frame(taken, max_input_tokens)
+    except (ValidationError, ValueError) as exc:
+        raise UnsendableMessage(f"the conversation cannot be sent to a worker: {_first_error(exc)}") from None
+    frame = dump_work(work, protocol_version) if isinstance(work, Work) else dump_frame(work)
+    size = frame_bytes(frame)
+    if size > MAX_FRAME_BYTES:
+        raise UnsendableMessage(
+            f"the conversation is {size} bytes, more than the worker frame limit of {MAX_FRAME_BYTES}"
+        )
+    return Claimed(work, frame)
 
 
 def _work_frame(taken: Taken, max_input_tokens: int | None = None) -> Work | EmbedWork:

@@ -28,10 +28,12 @@ from typing import TypeVar
 from fastapi import WebSocket
 from loguru import logger
 from pydantic import BaseModel
+from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.websockets import WebSocketDisconnect, WebSocketState
 
 from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
+from oasst_inference_server.db.models import DbMessage
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.capacity import WorkerCapacity
 from oasst_inference_server.dispatch.claim_gate import ClaimGate, named_messages
@@ -149,6 +151,9 @@ class WorkerConnection:
         # Assigned jobs: (message id, its max_new_tokens if the dispatcher knew it).
         self._assigned: asyncio.Queue[tuple[str, int | None]] = asyncio.Queue()
         self._claiming = 0
+        # Set when a job handed over in a submission's transaction could not be sent: ends the connection.
+        self._broken: asyncio.Future[_ConnectionClosed | None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
         self._dispatcher = dispatcher
         self._send_lock = asyncio.Lock()
         self._last_pong = time.monotonic()
@@ -182,6 +187,104 @@ class WorkerConnection:
         if self.capacity.reported_free_slots is not None:
             self.capacity.reported_free_slots -= 1
         self._assigned.put_nowait((message_id, max_new_tokens))
+
+    def reserve(self) -> None:
+        """Reserve a slot for a job a submission will hand over in its own transaction
+        (:meth:`hand_over`); :meth:`unreserve` gives it back if the job is not handed over after all."""
+        self._claiming += 1
+        self.capacity.in_flight += 1
+        if self.capacity.reported_free_slots is not None:
+            self.capacity.reported_free_slots -= 1
+
+    def unreserve(self) -> None:
+        self._claiming -= 1
+        if self.capacity.reported_free_slots is not None:
+            self.capacity.reported_free_slots += 1
+        self._capacity_changed()
+
+    async def hand_over(self, session: AsyncSession, message: DbMessage, permit: Awaitable[bool]) -> bool:
+        """Claim ``message`` (pending in ``session``'s open transaction, not yet written) for this worker
+        and send it before the caller commits, if ``permit`` (awaited once the frame is ready) says so;
+        the slot was reserved. True: sent, and the caller must report its commit's outcome with
+        :meth:`handed`. False: not sent, the message left pending and the slot given back (the caller
+        queues the message)."""
+        message_id = message.id
+        try:
+            claimed = await self._lifecycle.claim_unsaved(
+                session,
+                message,
+                self.session_id,
+                max_input_tokens=self.info.model_config_.max_input_length,
+                protocol_version=self.protocol_version,
+            )
+        except BaseException:
+            self.unreserve()
+            raise
+        if claimed is None:  # no frame can carry it: queued, its claim then fails it as for any message
+            self.unreserve()
+            return False
+        try:
+            permitted = await permit
+        except BaseException:
+            self._lifecycle.unclaim_unsaved(message)
+            self.unreserve()
+            raise
+        if not permitted:
+            self._lifecycle.unclaim_unsaved(message)
+            self.unreserve()
+            return False
+        self._claiming -= 1
+        self._start(message_id, claimed.work)
+        # Shielded: a request cancelled mid-send must not leave it unknown whether the worker has the job.
+        send = asyncio.ensure_future(self._send_text(claimed.frame))
+        try:
+            await asyncio.shield(send)
+        except asyncio.CancelledError:
+            # The caller's transaction will not commit: the job is void once its frame is out.
+            self._gate.settled(message_id, void=True)
+            send.add_done_callback(functools.partial(self._void_sent, message_id))
+            raise
+        except Exception as exc:
+            self._gate.settled(message_id)
+            self._done(message_id)
+            self._lifecycle.unclaim_unsaved(message)
+            if self._broken is not None and not self._broken.done():
+                closed = exc if isinstance(exc, _ConnectionClosed) else None
+                self._broken.set_result(closed or _ConnectionClosed(CLOSE_GOING_AWAY, "socket closed"))
+            return False
+        return True
+
+    def _void_sent(self, message_id: str, send: asyncio.Future[None]) -> None:
+        """A void job's send ended: if the worker got it, it is told to cancel (its answer frees the
+        slot); if not, the slot is free now."""
+        if send.cancelled() or send.exception() is not None:
+            self._gate.void.discard(message_id)
+            self._done(message_id)
+            return
+        task = asyncio.create_task(self._send_quietly(Cancel(message_id=message_id)))
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _send_quietly(self, frame: BaseModel) -> None:
+        with contextlib.suppress(Exception):
+            await self._send(frame)
+
+    async def handed(self, message_id: str, *, committed: bool) -> None:
+        """The outcome of the commit after :meth:`hand_over` sent ``message_id``: confirmed, or void
+        (the worker is told to cancel it; nothing it sends for it is kept)."""
+        if committed:
+            self._gate.settled(message_id)
+            logger.info(
+                "message {} -> worker {} (attempt 1, handed over at once)", message_id, self.session_id
+            )
+            await self._publish_session()
+            return
+        self._gate.settled(message_id, void=True)
+        self._capacity_changed()
+        logger.warning(
+            "worker {}: the submission of {} did not commit: cancelling it", self.session_id, message_id
+        )
+        await self._send_quietly(Cancel(message_id=message_id))
 
     def _capacity_changed_quietly(self) -> None:
         self.capacity.available = self.backend_healthy and not self.draining
@@ -253,14 +356,18 @@ class WorkerConnection:
             asyncio.create_task(self._guard(self._commands), name="commands"),
             asyncio.create_task(self._guard(self._relay.run), name="relay"),
         ]
+        broken: asyncio.Future[_ConnectionClosed | None] = asyncio.get_running_loop().create_future()
+        self._broken = broken
+        watched: list[asyncio.Future[_ConnectionClosed | None]] = [*tasks, broken]
         close: _ConnectionClosed | None = None
         try:
-            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+            done, _ = await asyncio.wait(watched, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 result = task.result()
                 if isinstance(result, _ConnectionClosed):
                     close = result
         finally:
+            broken.cancel()
             for task in tasks:
                 task.cancel()
             # Bounded: a task stuck in a broker call must not keep the worker's messages hostage.

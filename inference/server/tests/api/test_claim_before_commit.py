@@ -9,62 +9,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-
-from starlette.websockets import WebSocketState
 
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_connection import WorkerConnection
 from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import CLOSE_POLICY_VIOLATION, GeneratedText, Token, WorkerInfo, dump_frame
+from oasst_shared.protocol import CLOSE_POLICY_VIOLATION, GeneratedText, Token, WorkerInfo
 from tests.support.api import API, start_chat
+from tests.support.worker_socket import StandInSocket, stream_types, until
 
 pytestmark = API
-
-
-class StandInSocket:
-    """The server side of a worker's websocket: records what the server sends (pings aside), feeds what
-    the worker says. ``fail_sends`` makes every send fail as on a closed socket; ``stall_sends`` makes
-    every send wait forever, as on a socket whose buffers are full because the worker does not read."""
-
-    def __init__(self, fail_sends: bool = False, stall_sends: bool = False) -> None:
-        self.application_state = WebSocketState.CONNECTED
-        self.sent: list[dict[str, Any]] = []
-        self.incoming: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
-        self.fail_sends = fail_sends
-        self.stall_sends = stall_sends
-        self.closed_with: int | None = None
-
-    async def send_text(self, text: str) -> None:
-        if self.fail_sends:
-            raise RuntimeError("Cannot call send once a close message has been sent.")
-        if self.stall_sends:
-            await asyncio.Event().wait()
-        frame = json.loads(text)
-        if frame["type"] != "ping":  # pings come on a timer: not what these tests look at
-            self.sent.append(frame)
-
-    async def receive(self) -> dict[str, Any]:
-        return await self.incoming.get()
-
-    async def close(self, code: int = 1000, reason: str = "") -> None:
-        self.closed_with = code
-        if self.stall_sends:
-            await asyncio.Event().wait()  # the close frame cannot go out either
-        self.application_state = WebSocketState.DISCONNECTED
-
-    def say(self, frame: Any) -> None:
-        self.incoming.put_nowait({"type": "websocket.receive", "text": dump_frame(frame)})
-
-    def hang_up(self) -> None:
-        self.incoming.put_nowait({"type": "websocket.disconnect", "code": 1000})
-
-    def sent_types(self) -> list[str]:
-        return [frame["type"] for frame in self.sent]
 
 
 class Commits:
@@ -125,15 +82,6 @@ async def connection(
             await asyncio.wait_for(task, 10)
 
 
-async def until(condition: Callable[[], Awaitable[bool] | bool], timeout: float = 10.0) -> None:
-    async with asyncio.timeout(timeout):
-        while True:
-            result = condition()
-            if result if isinstance(result, bool) else await result:
-                return
-            await asyncio.sleep(0.01)
-
-
 async def popped_answer(client: Any, app: Any, user: Any, model: str) -> str:
     """A new pending answer whose hint was taken from the queue, as the dispatcher does before it
     assigns the job."""
@@ -145,11 +93,6 @@ async def popped_answer(client: Any, app: Any, user: Any, model: str) -> str:
 
 async def queued(app: Any, model: str) -> list[str]:
     return list(await app.state.broker.queued_ids(events.work_queue_name(model)))
-
-
-async def stream_types(app: Any, message_id: str) -> list[str]:
-    entries = await app.state.broker.read_events(events.stream_name(message_id), None, 0)
-    return [json.loads(entry.data)["event_type"] for entry in entries]
 
 
 async def test_the_answer_waits_for_the_commit_and_the_claim_locks_out_other_sessions(

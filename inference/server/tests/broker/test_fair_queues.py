@@ -133,3 +133,28 @@ async def test_blocked_popper_gets_the_fair_choice(broker: Broker) -> None:
     await broker.push_work("q", "x", user="A", cost=1)
     assert await asyncio.wait_for(popper, 5.0) == "x"
     assert await broker.queue_length("q") == 0
+
+
+async def test_serve_now_counts_a_job_as_a_push_and_its_pop_would_and_never_jumps_a_queue(
+    make_broker: BrokerFactory,
+) -> None:
+    broker = await make_broker(fair_credit=5)
+    twin = await make_broker(fair_credit=5)
+    # On an empty queue a job served at once leaves the counters as a push and a pop of it would.
+    assert await broker.serve_now("q", user="A", cost=10) is True
+    await twin.push_work("q", "a0", user="A", cost=10)
+    assert await twin.pop_work("q", 0) == "a0"
+    assert await broker.serve_now("q", user="B", cost=4) is True  # B joins at A's floor minus credit
+    await twin.push_work("q", "b0", user="B", cost=4)
+    assert await twin.pop_work("q", 0) == "b0"
+    assert await broker.queue_length("q") == 0
+    # While anything waits it refuses, and changes nothing.
+    await broker.push_work("q", "a1", user="A", cost=10)
+    await twin.push_work("q", "a1", user="A", cost=10)
+    assert await broker.serve_now("q", user="C", cost=1) is False
+    assert await broker.serve_now("q", user="A", cost=1) is False
+    for each in (broker, twin):
+        await each.push_work("q", "b1", user="B", cost=10)
+        await each.push_work("q", "c0", user="C", cost=10)
+    assert await broker.queue_snapshot("q") == await twin.queue_snapshot("q")
+    assert await _drain(broker) == await _drain(twin)
