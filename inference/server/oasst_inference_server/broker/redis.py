@@ -86,12 +86,19 @@ local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 return tonumber(string.match(last[1][1], '^(%d+)')) - now_ms
 """
 
-# XADDs each ARGV[i + 2] to KEYS[i] (ARGV[1] is the approximate MAXLEN), in order, and pushes each
-# stream's expiry to ARGV[2] ms from now: a stream whose terminal event never comes still expires.
+# ARGV[1] is the approximate MAXLEN, ARGV[2] an expiry in ms; then, for each KEYS[i] in turn, a count n
+# and n events, XADDed to it in order. Each stream's expiry is pushed to ARGV[2] ms from now: a stream
+# whose terminal event never comes still expires. Grouped by stream, a key crosses the wire once per
+# batch, not once per token.
 _APPEND_EVENTS = f"""
-for i, key in ipairs(KEYS) do
-    redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', '{_DATA_FIELD}', ARGV[i + 2])
+local at = 3
+for _, key in ipairs(KEYS) do
+    local last = at + tonumber(ARGV[at])
+    for j = at + 1, last do
+        redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', '{_DATA_FIELD}', ARGV[j])
+    end
     redis.call('PEXPIRE', key, ARGV[2])
+    at = last + 1
 end
 return #KEYS
 """
@@ -215,6 +222,9 @@ class RedisBroker(Broker):
         # Typed Any on purpose: the typeshed stubs (types-redis 4.6) shadow redis-py's own annotations
         # and lack its 5.x API (aclose, ...), so checking calls against them would only mislead.
         self._client: Any = Redis(connection_pool=self._pool)
+        # XREAD replies are read by _stream_entries as they come: redis-py's own parsing builds a dict
+        # of the fields of every entry, so of every token a reader relays.
+        self._client.set_response_callback("XREAD", _unparsed)
         self._acquire_lock = self._client.register_script(_ACQUIRE_LOCK)
         self._release_lock = self._client.register_script(_RELEASE_LOCK)
         self._delete_stream = self._client.register_script(_DELETE_STREAM)
@@ -389,14 +399,17 @@ class RedisBroker(Broker):
     async def append_events(self, entries: list[tuple[str, str]]) -> None:
         if not entries:
             return
-        keys = [self.keys.stream(stream) for stream, _ in entries]
+        per_stream: dict[str, list[str]] = {}
+        for stream, data in entries:  # each stream's events keep their order
+            per_stream.setdefault(stream, []).append(data)
+        args: list[str | int] = [self.stream_maxlen, _ms(self.stream_idle_ttl)]
+        for datas in per_stream.values():
+            args.append(len(datas))
+            args.extend(datas)
         with _translated("XADD batch"):
             # One script call instead of one XADD each: one command to encode and one reply to parse,
             # which is most of what a token costs the server (a pipeline still parses a reply per XADD).
-            await self._append_events(
-                keys=keys,
-                args=[self.stream_maxlen, _ms(self.stream_idle_ttl), *(data for _, data in entries)],
-            )
+            await self._append_events(keys=[self.keys.stream(s) for s in per_stream], args=args)
 
     async def read_events(
         self, stream: str, after: str | None, timeout: float, count: int = 512
@@ -563,8 +576,13 @@ class _Commands:
                     return str(message["data"])
 
 
+def _unparsed(response: Any, **options: Any) -> Any:
+    return response
+
+
 def _stream_entries(reply: Any) -> list[StreamEntry]:
-    """Entries of a one-stream XREAD reply, in either RESP2 (list) or RESP3 (dict) shape."""
+    """Entries of a one-stream XREAD reply, in either RESP2 (list) or RESP3 (dict) shape, each entry's
+    fields a flat list (as Redis sends them) or a dict."""
     if not reply:
         return []
     per_stream = list(reply.values()) if isinstance(reply, dict) else [item[1] for item in reply]
@@ -574,8 +592,19 @@ def _stream_entries(reply: Any) -> list[StreamEntry]:
         if stream_entries and not _is_entry(stream_entries[0]):
             stream_entries = stream_entries[0]
         for entry_id, fields in stream_entries:
-            entries.append(StreamEntry(str(entry_id), str((fields or {}).get(_DATA_FIELD, ""))))
+            if isinstance(fields, list) and fields and fields[0] == _DATA_FIELD:
+                data = fields[1]  # the one field we write
+            else:
+                data = _field(fields, _DATA_FIELD)
+            entries.append(StreamEntry(str(entry_id), str(data)))
     return entries
+
+
+def _field(fields: Any, name: str) -> Any:
+    if isinstance(fields, dict):
+        return fields.get(name, "")
+    pairs = list(fields or [])
+    return next((pairs[i + 1] for i in range(0, len(pairs) - 1, 2) if pairs[i] == name), "")
 
 
 def _is_entry(item: Any) -> bool:
