@@ -22,8 +22,8 @@ def _runs_on_the_loop(call: Any) -> bool:
         return True
     if inspect.isfunction(call) or inspect.isclass(call):
         return False
-    dunder_call = getattr(type(call), "__call__", None)  # an instance, as fastapi.security's schemes
-    return inspect.iscoroutinefunction(dunder_call) or inspect.isasyncgenfunction(dunder_call)
+    method = type(call).__call__  # an instance, as fastapi.security's schemes
+    return inspect.iscoroutinefunction(method) or inspect.isasyncgenfunction(method)
 
 
 def _api_routes(routes: list[Any]) -> Iterator[APIRoute | APIWebSocketRoute]:
