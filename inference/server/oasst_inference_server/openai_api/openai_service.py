@@ -252,12 +252,12 @@ class OpenAIService:
 
     # ------------------------------------------------------------ following a request
     async def events(
-        self, message_id: str, is_disconnected: IsDisconnected
+        self, message: DbMessage, is_disconnected: IsDisconnected
     ) -> AsyncGenerator[list[StreamEvent | TokenText], None]:
         """The message's events, decoded, in batches (one per broker read); ends after the terminal
         one, or early if the client left. A token with nothing but its text comes as :class:`TokenText`."""
         reader = read_message_events(
-            self._lifecycle, self._fanout, self.settings, message_id, None, is_disconnected
+            self._lifecycle, self._fanout, self.settings, message, None, is_disconnected
         )
         async with aclosing(reader) as batches:
             async for batch in batches:
@@ -275,7 +275,7 @@ class OpenAIService:
         """
         finished = False
         try:
-            async with aclosing(self.events(message.id, is_disconnected)) as batches:
+            async with aclosing(self.events(message, is_disconnected)) as batches:
                 async for batch in batches:
                     for event in batch:
                         if logprobs is not None:
