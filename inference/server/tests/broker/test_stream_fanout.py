@@ -17,6 +17,36 @@ BrokerFactory = Callable[..., Awaitable[Broker]]
 STREAM = "events:m1"
 
 
+StreamsRead = Callable[[Mapping[str, str | None], float, int], Awaitable[dict[str, list[StreamEntry]]]]
+
+
+def wrap_streams_reads(
+    broker: Broker,
+    around: Callable[
+        [StreamsRead, Mapping[str, str | None], float, int], Awaitable[dict[str, list[StreamEntry]]]
+    ],
+) -> None:
+    """Every read of the streams readers the broker makes from now on goes through ``around``."""
+    make_reader = broker.streams_reader
+
+    class Wrapped(StreamsReader):
+        def __init__(self) -> None:
+            self.reader = make_reader()
+
+        async def read(
+            self, after: Mapping[str, str | None], timeout: float, count: int = 512
+        ) -> dict[str, list[StreamEntry]]:
+            return await around(self.reader.read, after, timeout, count)
+
+        def wake(self) -> None:
+            self.reader.wake()
+
+        async def close(self) -> None:
+            await self.reader.close()
+
+    broker.streams_reader = Wrapped  # type: ignore[method-assign]
+
+
 class ReadCounter:
     """Counts the broker's reads of one stream, and how many waiting (blocking) reads ran at once:
     the fan-out's read loop waits for the next entry (of every stream it follows, in one read); a
@@ -28,8 +58,6 @@ class ReadCounter:
         self.most_waiting_at_once = 0
         self.streams_per_read: list[int] = []  # of the read loop's reads
         original = broker.read_events
-        make_reader = broker.streams_reader
-        counter = self
 
         async def counted(
             name: str, after: str | None, timeout: float, count: int = 512
@@ -39,27 +67,17 @@ class ReadCounter:
             async with self._counting(timeout):
                 return await original(name, after, timeout, count)
 
-        class CountingReader(StreamsReader):
-            def __init__(self) -> None:
-                self.reader = make_reader()
-
-            async def read(
-                self, after: Mapping[str, str | None], timeout: float, count: int = 512
-            ) -> dict[str, list[StreamEntry]]:
-                counter.streams_per_read.append(len(after))
-                if stream not in after:
-                    return await self.reader.read(after, timeout, count)
-                async with counter._counting(timeout):
-                    return await self.reader.read(after, timeout, count)
-
-            def wake(self) -> None:
-                self.reader.wake()
-
-            async def close(self) -> None:
-                await self.reader.close()
+        async def counted_streams(
+            read: StreamsRead, after: Mapping[str, str | None], timeout: float, count: int
+        ) -> dict[str, list[StreamEntry]]:
+            self.streams_per_read.append(len(after))
+            if stream not in after:
+                return await read(after, timeout, count)
+            async with self._counting(timeout):
+                return await read(after, timeout, count)
 
         broker.read_events = counted  # type: ignore[method-assign]
-        broker.streams_reader = CountingReader  # type: ignore[method-assign]
+        wrap_streams_reads(broker, counted_streams)
 
     @contextlib.asynccontextmanager
     async def _counting(self, timeout: float) -> AsyncIterator[None]:
@@ -228,29 +246,20 @@ async def test_a_resume_id_past_the_stream_does_not_blind_a_later_reader(broker:
 
 
 async def test_a_broker_error_reaches_each_reader_once_then_reading_resumes(broker: Broker) -> None:
-    make_reader = broker.streams_reader
     failures = 1
 
-    class FailingOnce(StreamsReader):
+    async def failing_once(
+        read: StreamsRead, after: Mapping[str, str | None], timeout: float, count: int
+    ) -> dict[str, list[StreamEntry]]:
         """The read loop's read fails once, after the stream got entries."""
+        nonlocal failures
+        found = await read(after, timeout, count)
+        if found.get(STREAM) and failures:
+            failures -= 1
+            raise BrokerError("redis went away")
+        return found
 
-        def __init__(self) -> None:
-            self.reader = make_reader()
-
-        async def read(
-            self, after: Mapping[str, str | None], timeout: float, count: int = 512
-        ) -> dict[str, list[StreamEntry]]:
-            nonlocal failures
-            found = await self.reader.read(after, timeout, count)
-            if found.get(STREAM) and failures:
-                failures -= 1
-                raise BrokerError("redis went away")
-            return found
-
-        def wake(self) -> None:
-            self.reader.wake()
-
-    broker.streams_reader = FailingOnce  # type: ignore[method-assign]
+    wrap_streams_reads(broker, failing_once)
     fanout = StreamFanout(broker)
     async with fanout.subscribe(STREAM, None) as one, fanout.subscribe(STREAM, None) as two:
         assert await one.read(timeout=0) == [] and await two.read(timeout=0) == []  # both join the feed
