@@ -20,6 +20,7 @@ Tiny mode (CI) skips LiteLLM (its install takes minutes) and profiles one unmet 
 
     python -m bench.relay_targets              # full
     python -m bench.relay_targets --tiny       # CI: seconds, without LiteLLM
+    python -m bench.relay_targets --cpu-only   # the tokens per CPU-second alone (a few minutes)
 """
 
 from __future__ import annotations
@@ -182,7 +183,7 @@ async def run(args: argparse.Namespace) -> Report:
     lengths = [100, 200] if args.tiny else [100, 1000]
     requests = {lengths[0]: 4 if args.tiny else 400, lengths[1]: 4 if args.tiny else 60}
     profile_seconds = args.profile_seconds or (1.0 if args.tiny else 8.0)
-    use_litellm = not args.tiny and not args.skip_litellm
+    use_litellm = not args.tiny and not args.skip_litellm and not args.cpu_only
     report = Report(
         "relay_targets",
         "7. The relay's targets: ours beside the bare relay and LiteLLM (instant backend)",
@@ -222,13 +223,14 @@ async def run(args: argparse.Namespace) -> Report:
                 await request(0, 0)
 
             # ---------------------------------------------------------- TTFT at one stream
-            supply = ChatSupply(api, ttft_user)
-            await supply.fill(2 * rounds)
-            ttft = await measure_ttft(
-                _paths(client, api, supply, backend, bare_url, litellm, ttft_tokens), rounds
-            )
-            print("time to first token: done", flush=True)
-            _ttft_report(report, {name: summarize(results) for name, results in ttft.items()})
+            if not args.cpu_only:
+                supply = ChatSupply(api, ttft_user)
+                await supply.fill(2 * rounds)
+                ttft = await measure_ttft(
+                    _paths(client, api, supply, backend, bare_url, litellm, ttft_tokens), rounds
+                )
+                print("time to first token: done", flush=True)
+                _ttft_report(report, {name: summarize(results) for name, results in ttft.items()})
 
             # ---------------------------------------------------------- tokens per CPU-second
             cpu_runs: dict[tuple[int, str], CpuRun] = {}
@@ -248,6 +250,8 @@ async def run(args: argparse.Namespace) -> Report:
             _cpu_report(report, cpu_runs, concurrency)
 
             # ---------------------------------------------------------- profiles of unmet targets
+            if args.cpu_only:
+                return report
             await _profile_unmet(
                 report,
                 args,
@@ -501,6 +505,11 @@ def main() -> None:
     p.add_argument("--profile-seconds", type=float, help="seconds of py-spy sampling per unmet target")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--skip-litellm", action="store_true")
+    p.add_argument(
+        "--cpu-only",
+        action="store_true",
+        help="only the tokens per CPU-second (ours and the bare relay): no TTFT rounds, LiteLLM or profiles",
+    )
     p.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV)
     main_wrapper(run, p.parse_args())
 

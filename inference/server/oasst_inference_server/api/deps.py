@@ -45,7 +45,9 @@ from oasst_shared.schemas import SchedulingRequest
 def _from_app_state(name: str) -> Callable[[HTTPConnection], Any]:
     """A dependency that returns what the lifespan stored as ``app.state.<name>``."""
 
-    def dependency(connection: HTTPConnection) -> Any:
+    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop (a lock, a
+    # condition, two thread switches) per dependency per request for what is a getattr.
+    async def dependency(connection: HTTPConnection) -> Any:
         return getattr(connection.app.state, name)
 
     dependency.__name__ = f"get_{name}"

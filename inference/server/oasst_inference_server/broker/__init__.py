@@ -12,6 +12,7 @@ from oasst_inference_server.broker.base import (
     BrokerError,
     PoppedWork,
     StreamEntry,
+    StreamsReader,
     WorkerSessionRecord,
 )
 from oasst_inference_server.broker.fair import QueuedHint, QueueSnapshot, dispatch_order
@@ -69,6 +70,7 @@ __all__ = [
     "RedisBroker",
     "StreamEntry",
     "StreamId",
+    "StreamsReader",
     "WorkerSession",
     "WorkerSessionRecord",
     "create_broker",

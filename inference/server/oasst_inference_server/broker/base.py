@@ -26,7 +26,7 @@ The broker holds only what can be rebuilt from the database (rule 1 of docs/arch
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
 
@@ -51,6 +51,30 @@ class PoppedWork(NamedTuple):
 
 class BrokerError(RuntimeError):
     """The broker is unreachable or answered unexpectedly."""
+
+
+class StreamsReader(abc.ABC):
+    """One reader of many event streams at once: one broker read for all of them (the stream fan-out's
+    reader, one per server process). Made by :meth:`Broker.streams_reader`; one read at a time."""
+
+    @abc.abstractmethod
+    async def read(
+        self, after: Mapping[str, str | None], timeout: float, count: int = 512
+    ) -> dict[str, list[StreamEntry]]:
+        """For each stream of ``after`` that has entries with ids greater than its id there (all of
+        them for None), those entries, oldest first, at most ``count`` per stream.
+
+        Returns at once when any stream has some; otherwise waits up to ``timeout`` seconds for the
+        first to come, or until :meth:`wake`, and then returns what there is (perhaps nothing).
+        """
+
+    @abc.abstractmethod
+    def wake(self) -> None:
+        """End the wait of the read under way (or, if none, of the next read): the streams to read
+        have changed."""
+
+    async def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the reader holds (a connection)."""
 
 
 class Broker(abc.ABC):
@@ -142,6 +166,10 @@ class Broker(abc.ABC):
         Returns at once when there are any; otherwise waits up to ``timeout`` seconds for the next one
         and returns an empty list if none came. At most ``count`` entries per call.
         """
+
+    @abc.abstractmethod
+    def streams_reader(self) -> StreamsReader:
+        """A reader of many streams in one read (:class:`StreamsReader`)."""
 
     @abc.abstractmethod
     async def first_kept_if_trimmed(self, stream: str) -> str | None:

@@ -8,13 +8,20 @@ from __future__ import annotations
 
 import asyncio
 import bisect
+import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
-from oasst_inference_server.broker.base import Broker, PoppedWork, StreamEntry, WorkerSessionRecord
+from oasst_inference_server.broker.base import (
+    Broker,
+    PoppedWork,
+    StreamEntry,
+    StreamsReader,
+    WorkerSessionRecord,
+)
 from oasst_inference_server.broker.fair import FairQueue, QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import StreamId, parse_stream_id
 
@@ -85,6 +92,8 @@ class InMemoryBroker(Broker):
         self._queues: dict[str, _WorkQueue] = {}
         self._streams: dict[str, _Stream] = {}
         self._signals: dict[str, _Signal] = {}
+        # The events of the streams readers waiting on each stream (set by an append to it).
+        self._listeners: dict[str, set[asyncio.Event]] = {}
         self._last_id = StreamId(0, 0)
         self._sessions: dict[str, tuple[WorkerSessionRecord, float]] = {}
         self._subscriptions: dict[str, set[_Subscription]] = {}
@@ -99,6 +108,9 @@ class InMemoryBroker(Broker):
                 _resolve(wq.waiters.popleft(), None)
         for signal in self._signals.values():
             signal.event.set()
+        for listeners in self._listeners.values():
+            for listener in listeners:
+                listener.set()
         for subscriptions in self._subscriptions.values():
             for subscription in subscriptions:
                 subscription.queue.put_nowait(_END)
@@ -246,6 +258,8 @@ class InMemoryBroker(Broker):
         if signal is not None:
             signal.event.set()
             signal.event = asyncio.Event()
+        for listener in self._listeners.get(stream, ()):
+            listener.set()
         return str(entry_id)
 
     def _entries_after(self, name: str, after: StreamId | None, count: int) -> list[StreamEntry]:
@@ -284,6 +298,19 @@ class InMemoryBroker(Broker):
             signal.waiters -= 1
             if signal.waiters == 0 and self._signals.get(stream) is signal:
                 del self._signals[stream]
+
+    def streams_reader(self) -> StreamsReader:
+        return _MemoryStreamsReader(self)
+
+    def _entries_of(self, after: Mapping[str, str | None], count: int) -> dict[str, list[StreamEntry]]:
+        found: dict[str, list[StreamEntry]] = {}
+        for stream, position in after.items():
+            entries = self._entries_after(
+                stream, None if position is None else parse_stream_id(position), count
+            )
+            if entries:
+                found[stream] = entries
+        return found
 
     async def first_kept_if_trimmed(self, stream: str) -> str | None:
         record = self._live_stream(stream)
@@ -371,3 +398,41 @@ class InMemoryBroker(Broker):
 def _resolve(future: asyncio.Future[QueuedHint | None], value: QueuedHint | None) -> None:
     if not future.done():
         future.set_result(value)
+
+
+class _MemoryStreamsReader(StreamsReader):
+    def __init__(self, broker: InMemoryBroker) -> None:
+        self._broker = broker
+        self._woken = False
+        self._waiting: asyncio.Event | None = None
+
+    async def read(
+        self, after: Mapping[str, str | None], timeout: float, count: int = 512
+    ) -> dict[str, list[StreamEntry]]:
+        broker = self._broker
+        count = max(1, count)
+        found = broker._entries_of(after, count)
+        woken, self._woken = self._woken, False
+        if found or timeout <= 0 or woken or broker._closed:
+            return found
+        event = self._waiting = asyncio.Event()
+        for stream in after:
+            broker._listeners.setdefault(stream, set()).add(event)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(event.wait(), timeout)
+        finally:
+            self._waiting = None
+            for stream in after:
+                listeners = broker._listeners.get(stream)
+                if listeners is not None:
+                    listeners.discard(event)
+                    if not listeners:
+                        del broker._listeners[stream]
+        return broker._entries_of(after, count)
+
+    def wake(self) -> None:
+        if self._waiting is not None:
+            self._waiting.set()
+        else:
+            self._woken = True

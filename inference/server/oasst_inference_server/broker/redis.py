@@ -21,11 +21,10 @@ from __future__ import annotations
 import asyncio
 import enum
 import json
-import math
 import time
 import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator
-from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -42,14 +41,22 @@ from oasst_inference_server.broker.base import (
     BrokerError,
     PoppedWork,
     StreamEntry,
+    StreamsReader,
     WorkerSessionRecord,
 )
 from oasst_inference_server.broker.fair import QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
+from oasst_inference_server.broker.redis_replies import (
+    DATA_FIELD,
+    ms,
+    stream_entries,
+    translated,
+    unparsed,
+)
+from oasst_inference_server.broker.redis_streams_reader import RedisStreamsReader
 
 T = TypeVar("T")
 
-_DATA_FIELD = "data"
 # Index entries are only garbage-collected this long after their recorded expiry: the score comes from
 # the clock of whichever replica wrote it, and the session key's own PX TTL (Redis' clock) is the truth.
 _SESSION_INDEX_GRACE_MS = 60_000
@@ -86,12 +93,19 @@ local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 return tonumber(string.match(last[1][1], '^(%d+)')) - now_ms
 """
 
-# XADDs each ARGV[i + 2] to KEYS[i] (ARGV[1] is the approximate MAXLEN), in order, and pushes each
-# stream's expiry to ARGV[2] ms from now: a stream whose terminal event never comes still expires.
+# ARGV[1] is the approximate MAXLEN, ARGV[2] an expiry in ms; then, for each KEYS[i] in turn, a count n
+# and n events, XADDed to it in order. Each stream's expiry is pushed to ARGV[2] ms from now: a stream
+# whose terminal event never comes still expires. Grouped by stream, a key crosses the wire once per
+# batch, not once per token.
 _APPEND_EVENTS = f"""
-for i, key in ipairs(KEYS) do
-    redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', '{_DATA_FIELD}', ARGV[i + 2])
+local at = 3
+for _, key in ipairs(KEYS) do
+    local last = at + tonumber(ARGV[at])
+    for j = at + 1, last do
+        redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', '{DATA_FIELD}', ARGV[j])
+    end
     redis.call('PEXPIRE', key, ARGV[2])
+    at = last + 1
 end
 return #KEYS
 """
@@ -125,11 +139,6 @@ class _Closed(enum.Enum):
 _CLOSED = _Closed.TOKEN
 
 
-def _ms(seconds: float) -> int:
-    # Never 0: a zero block time means "forever" to BLPOP and XREAD, and a zero TTL is an error.
-    return max(1, math.ceil(seconds * 1000))
-
-
 def redact_url(url: str) -> str:
     parts = urlsplit(url)
     if parts.password is None:
@@ -137,14 +146,6 @@ def redact_url(url: str) -> str:
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = f"{parts.username}:***@" if parts.username else ":***@"
     return urlunsplit(parts._replace(netloc=user + netloc))
-
-
-@contextmanager
-def _translated(operation: str) -> Iterator[None]:
-    try:
-        yield
-    except (RedisError, OSError) as exc:
-        raise BrokerError(f"redis {operation} failed: {type(exc).__name__}: {exc}") from exc
 
 
 def _popped(reply: Any) -> PoppedWork | None:
@@ -215,6 +216,9 @@ class RedisBroker(Broker):
         # Typed Any on purpose: the typeshed stubs (types-redis 4.6) shadow redis-py's own annotations
         # and lack its 5.x API (aclose, ...), so checking calls against them would only mislead.
         self._client: Any = Redis(connection_pool=self._pool)
+        # XREAD replies are read by stream_entries as they come: redis-py's own parsing builds a dict
+        # of the fields of every entry, so of every token a reader relays.
+        self._client.set_response_callback("XREAD", unparsed)
         self._acquire_lock = self._client.register_script(_ACQUIRE_LOCK)
         self._release_lock = self._client.register_script(_RELEASE_LOCK)
         self._delete_stream = self._client.register_script(_DELETE_STREAM)
@@ -237,7 +241,7 @@ class RedisBroker(Broker):
 
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:
-        with _translated("PING"):
+        with translated("PING"):
             await self._client.ping()
         logger.info("Redis broker connected to {} (prefix {!r})", redact_url(self.url), self.keys.prefix)
 
@@ -295,7 +299,7 @@ class RedisBroker(Broker):
     async def push_work(
         self, queue: str, message_id: str, *, user: str = "", cost: float = 1.0, job: str = ""
     ) -> None:
-        with _translated("push work"):
+        with translated("push work"):
             await self._fair_push(
                 keys=[self.keys.queue(queue)],
                 args=[message_id, user, repr(float(cost)), repr(self.fair_credit), job, _HAND_KEEP_MS],
@@ -303,7 +307,7 @@ class RedisBroker(Broker):
 
     async def pop_hint(self, queue: str, timeout: float) -> PoppedWork | None:
         base = self.keys.queue(queue)
-        with _translated("pop work"):
+        with translated("pop work"):
             if timeout <= 0 or self._closed:
                 return _popped(await self._fair_pop(keys=[base], args=["1"]))
             # Lua cannot block: the popper registers as waiting and BLPOPs a list of its own, where the
@@ -311,12 +315,12 @@ class RedisBroker(Broker):
             popper = uuid.uuid4().hex
             hand = f"{base}hand:{popper}"
             for block in self._block_steps(timeout):
-                registered_ms = _ms(block) + _HAND_SLACK_MS
+                registered_ms = ms(block) + _HAND_SLACK_MS
                 popped = await self._fair_wait(keys=[base], args=[popper, registered_ms])
                 if popped is not None:
                     return _popped(popped)
                 try:
-                    reply = await self._unless_closed(self._client.blpop([hand], _ms(block) / 1000))
+                    reply = await self._unless_closed(self._client.blpop([hand], ms(block) / 1000))
                 except (asyncio.CancelledError, RedisError, OSError):
                     # A hint handed over meanwhile must not go with this popper (best effort: if Redis
                     # itself is gone, the registration expires and the recovery loop re-queues).
@@ -353,15 +357,15 @@ class RedisBroker(Broker):
         return bool(served)
 
     async def charge(self, queue: str, user: str, amount: float) -> None:
-        with _translated("charge"):
+        with translated("charge"):
             await self._fair_charge(keys=[self.keys.queue(queue)], args=[user, repr(float(amount))])
 
     async def queue_length(self, queue: str) -> int:
-        with _translated("GET len"):
+        with translated("GET len"):
             return max(0, int(await self._client.get(self.keys.queue(queue) + "len") or 0))
 
     async def queue_snapshot(self, queue: str) -> QueueSnapshot:
-        with _translated("queue snapshot"):
+        with translated("queue snapshot"):
             reply = await self._fair_snapshot(keys=[self.keys.queue(queue)])
         counters: dict[str, float] = {}
         waiting: dict[str, list[QueuedHint]] = {}
@@ -373,38 +377,41 @@ class RedisBroker(Broker):
         return QueueSnapshot(float(reply[0]), counters, waiting)
 
     async def remove_work(self, queue: str, message_id: str) -> None:
-        with _translated("remove work"):
+        with translated("remove work"):
             await self._fair_remove(keys=[self.keys.queue(queue)], args=[message_id])
 
     # ------------------------------------------------------------ event streams
     async def append_event(self, stream: str, data: str, *, terminal: bool = False) -> str:
         key = self.keys.stream(stream)
-        fields: dict[Any, Any] = {_DATA_FIELD: data}
-        with _translated("XADD"):
+        fields: dict[Any, Any] = {DATA_FIELD: data}
+        with translated("XADD"):
             if not terminal:
                 async with self._client.pipeline(transaction=True) as pipe:
                     pipe.xadd(key, fields, maxlen=self.stream_maxlen, approximate=True)
-                    pipe.pexpire(key, _ms(self.stream_idle_ttl))  # expires even if never ended
+                    pipe.pexpire(key, ms(self.stream_idle_ttl))  # expires even if never ended
                     entry_id, _ = await pipe.execute()
                 return str(entry_id)
             # One transaction, so a terminal event can never be left without its expiry.
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.xadd(key, fields, maxlen=self.stream_maxlen, approximate=True)
-                pipe.pexpire(key, _ms(self.stream_ttl))
+                pipe.pexpire(key, ms(self.stream_ttl))
                 entry_id, _ = await pipe.execute()
             return str(entry_id)
 
     async def append_events(self, entries: list[tuple[str, str]]) -> None:
         if not entries:
             return
-        keys = [self.keys.stream(stream) for stream, _ in entries]
-        with _translated("XADD batch"):
+        per_stream: dict[str, list[str]] = {}
+        for stream, data in entries:  # each stream's events keep their order
+            per_stream.setdefault(stream, []).append(data)
+        args: list[str | int] = [self.stream_maxlen, ms(self.stream_idle_ttl)]
+        for datas in per_stream.values():
+            args.append(len(datas))
+            args.extend(datas)
+        with translated("XADD batch"):
             # One script call instead of one XADD each: one command to encode and one reply to parse,
             # which is most of what a token costs the server (a pipeline still parses a reply per XADD).
-            await self._append_events(
-                keys=keys,
-                args=[self.stream_maxlen, _ms(self.stream_idle_ttl), *(data for _, data in entries)],
-            )
+            await self._append_events(keys=[self.keys.stream(s) for s in per_stream], args=args)
 
     async def read_events(
         self, stream: str, after: str | None, timeout: float, count: int = 512
@@ -414,22 +421,25 @@ class RedisBroker(Broker):
         # entries exist: one call covers both "return what is there" and "wait for the next one".
         start = "0-0" if after is None else str(parse_stream_id(after))
         count = max(1, count)
-        with _translated("XREAD"):
+        with translated("XREAD"):
             if timeout <= 0 or self._closed:
-                return _stream_entries(await self._client.xread({key: start}, count=count))
+                return stream_entries(await self._client.xread({key: start}, count=count))
             for block in self._block_steps(timeout):
                 reply = await self._unless_closed(
-                    self._client.xread({key: start}, count=count, block=_ms(block))
+                    self._client.xread({key: start}, count=count, block=ms(block))
                 )
                 if reply is _CLOSED:
                     return []
-                entries = _stream_entries(reply)
+                entries = stream_entries(reply)
                 if entries:
                     return entries
         return []
 
+    def streams_reader(self) -> StreamsReader:
+        return RedisStreamsReader(self)
+
     async def first_kept_if_trimmed(self, stream: str) -> str | None:
-        with _translated("XINFO STREAM"):
+        with translated("XINFO STREAM"):
             try:
                 info = await self._client.xinfo_stream(self.keys.stream(stream))
             except ResponseError:  # no such stream
@@ -442,11 +452,11 @@ class RedisBroker(Broker):
         return first_id.decode() if isinstance(first_id, bytes) else str(first_id)
 
     async def stream_exists(self, stream: str) -> bool:
-        with _translated("EXISTS"):
+        with translated("EXISTS"):
             return bool(await self._client.exists(self.keys.stream(stream)))
 
     async def delete_stream(self, stream: str) -> None:
-        with _translated("DEL stream"):
+        with translated("DEL stream"):
             lead_ms = int(await self._delete_stream(keys=[self.keys.stream(stream)]))
         if lead_ms >= 0:
             # A re-created stream takes its ids from Redis' clock: returning only once that clock is past
@@ -455,17 +465,17 @@ class RedisBroker(Broker):
 
     # ------------------------------------------------------------ worker sessions
     async def put_worker_session(self, record: WorkerSessionRecord, ttl: float) -> None:
-        ttl_ms = _ms(ttl)
+        ttl_ms = ms(ttl)
         value = json.dumps({"model_config_name": record.model_config_name, "data": record.data})
         expires_at_ms = int(time.time() * 1000) + ttl_ms
-        with _translated("SET session"):
+        with translated("SET session"):
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.set(self.keys.session(record.session_id), value, px=ttl_ms)
                 pipe.zadd(self.keys.session_index, {record.session_id: expires_at_ms})
                 await pipe.execute()
 
     async def remove_worker_session(self, session_id: str) -> None:
-        with _translated("DEL session"):
+        with translated("DEL session"):
             async with self._client.pipeline(transaction=True) as pipe:
                 pipe.delete(self.keys.session(session_id))
                 pipe.zrem(self.keys.session_index, session_id)
@@ -473,7 +483,7 @@ class RedisBroker(Broker):
 
     async def list_worker_sessions(self) -> list[WorkerSessionRecord]:
         horizon_ms = int(time.time() * 1000) - _SESSION_INDEX_GRACE_MS
-        with _translated("list sessions"):
+        with translated("list sessions"):
             async with self._client.pipeline(transaction=False) as pipe:
                 pipe.zremrangebyscore(self.keys.session_index, "-inf", horizon_ms)
                 pipe.zrange(self.keys.session_index, 0, -1)
@@ -494,7 +504,7 @@ class RedisBroker(Broker):
 
     # ------------------------------------------------------------ commands
     async def publish_command(self, channel: str, data: str) -> None:
-        with _translated("PUBLISH"):
+        with translated("PUBLISH"):
             await self._client.publish(self.keys.channel(channel), data)
 
     def subscribe_commands(self, channel: str) -> AbstractAsyncContextManager[AsyncIterator[str]]:
@@ -505,7 +515,7 @@ class RedisBroker(Broker):
         name = self.keys.channel(channel)
         pubsub = self._client.pubsub()
         try:
-            with _translated("SUBSCRIBE"):
+            with translated("SUBSCRIBE"):
                 await pubsub.subscribe(name)
                 await self._confirm_subscription(pubsub, name)
             yield _Commands(self, pubsub)
@@ -529,21 +539,21 @@ class RedisBroker(Broker):
 
     # ------------------------------------------------------------ locks
     async def acquire_lock(self, name: str, owner: str, ttl: float) -> bool:
-        with _translated("lock acquire"):
-            return bool(await self._acquire_lock(keys=[self.keys.lock(name)], args=[owner, _ms(ttl)]))
+        with translated("lock acquire"):
+            return bool(await self._acquire_lock(keys=[self.keys.lock(name)], args=[owner, ms(ttl)]))
 
     async def release_lock(self, name: str, owner: str) -> None:
-        with _translated("lock release"):
+        with translated("lock release"):
             await self._release_lock(keys=[self.keys.lock(name)], args=[owner])
 
     # ------------------------------------------------------------ slots
     async def acquire_slot(self, name: str, holder: str, limit: int, ttl: float) -> bool:
-        with _translated("slot acquire"):
-            taken = await self._acquire_slot(keys=[self.keys.slots(name)], args=[holder, limit, _ms(ttl)])
+        with translated("slot acquire"):
+            taken = await self._acquire_slot(keys=[self.keys.slots(name)], args=[holder, limit, ms(ttl)])
         return bool(taken)
 
     async def release_slot(self, name: str, holder: str) -> None:
-        with _translated("slot release"):
+        with translated("slot release"):
             await self._client.zrem(self.keys.slots(name), holder)
 
 
@@ -558,7 +568,7 @@ class _Commands:
         return self
 
     async def __anext__(self) -> str:
-        with _translated("pub/sub read"):
+        with translated("pub/sub read"):
             while True:
                 # Short polls rather than one endless read: redis-py's "block forever" differs between
                 # versions, and a poll notices a dead connection (redis-py reconnects and resubscribes).
@@ -569,22 +579,3 @@ class _Commands:
                     raise StopAsyncIteration
                 if message and message.get("type") == "message":
                     return str(message["data"])
-
-
-def _stream_entries(reply: Any) -> list[StreamEntry]:
-    """Entries of a one-stream XREAD reply, in either RESP2 (list) or RESP3 (dict) shape."""
-    if not reply:
-        return []
-    per_stream = list(reply.values()) if isinstance(reply, dict) else [item[1] for item in reply]
-    entries: list[StreamEntry] = []
-    for stream_entries in per_stream:
-        # redis-py's RESP3 parsing wraps the entry list of each stream in one more list.
-        if stream_entries and not _is_entry(stream_entries[0]):
-            stream_entries = stream_entries[0]
-        for entry_id, fields in stream_entries:
-            entries.append(StreamEntry(str(entry_id), str((fields or {}).get(_DATA_FIELD, ""))))
-    return entries
-
-
-def _is_entry(item: Any) -> bool:
-    return isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)

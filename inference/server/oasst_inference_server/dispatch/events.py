@@ -23,6 +23,7 @@ from oasst_shared.schemas import (
 )
 
 _encode = msgspec.json.Encoder().encode
+_TOKEN_PREFIX = '{"event_type":"token","text":'
 _TERMINAL_PREFIXES = tuple(f'{{"event_type":"{kind}"' for kind in sorted(TERMINAL_EVENT_TYPES))
 
 
@@ -39,12 +40,24 @@ def worker_command_channel(session_id: str) -> str:
 
 
 def token_event(text: str, logprobs: list[dict[str, object]] | None = None) -> str:
-    # The hot path: one small dict, one msgspec call, no pydantic (the same JSON as json.dumps with
-    # ensure_ascii=False and compact separators).
-    event: dict[str, object] = {"event_type": "token", "text": text}
+    # The hot path: msgspec encodes the text alone, no dict, no pydantic (the same JSON as json.dumps
+    # with ensure_ascii=False and compact separators).
     if logprobs:
-        event["logprobs"] = logprobs
-    return _encode(event).decode()
+        return _encode({"event_type": "token", "text": text, "logprobs": logprobs}).decode()
+    return f"{_TOKEN_PREFIX}{_encode(text).decode()}}}"
+
+
+def plain_token_text(data: str) -> str | None:
+    """The text of a stored token event that carries nothing but its text, as the JSON string it was
+    stored as (``'" Par"'``); None for any other event, a token with logprobs included.
+
+    Lets a reader put the text into its own JSON without decoding and encoding it again. A token
+    event is stored as :func:`token_event` writes it, the text first; ``,"logprobs":`` cannot occur
+    inside the encoded text, whose every quote is escaped.
+    """
+    if data.startswith(_TOKEN_PREFIX) and ',"logprobs":' not in data:
+        return data[len(_TOKEN_PREFIX) : -1]
+    return None
 
 
 def pending_event(queue_position: int, queue_size: int, estimated_wait_seconds: float | None = None) -> str:

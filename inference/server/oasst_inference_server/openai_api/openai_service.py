@@ -24,7 +24,7 @@ import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
 from contextlib import aclosing
 from datetime import timedelta
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from loguru import logger
@@ -36,6 +36,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.chats.chat_store import title_from_prompt
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
+from oasst_inference_server.dispatch.events import plain_token_text
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.domain_errors import (
@@ -66,6 +67,19 @@ from oasst_shared.tool_calls import ToolChoice, ToolDefinition
 
 IsDisconnected = Callable[[], Awaitable[bool]]
 _STREAM_EVENT: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)
+
+
+class TokenText(NamedTuple):
+    """A token event with nothing but its text, the text kept as the JSON string stored: the stream's
+    hot path puts it into each chunk as it is, without a model or a decode per token."""
+
+    json: str
+
+
+def _decoded(data: str) -> StreamEvent | TokenText:
+    text = plain_token_text(data)
+    return TokenText(text) if text is not None else _STREAM_EVENT.validate_json(data)
+
 
 API_KINDS = ("completion", "embedding")
 _TERMINAL_STATES = tuple(s for s in MessageState if s.is_terminal and s != MessageState.manual)
@@ -238,16 +252,16 @@ class OpenAIService:
 
     # ------------------------------------------------------------ following a request
     async def events(
-        self, message_id: str, is_disconnected: IsDisconnected
-    ) -> AsyncGenerator[list[StreamEvent], None]:
+        self, message: DbMessage, is_disconnected: IsDisconnected
+    ) -> AsyncGenerator[list[StreamEvent | TokenText], None]:
         """The message's events, decoded, in batches (one per broker read); ends after the terminal
-        one, or early if the client left."""
+        one, or early if the client left. A token with nothing but its text comes as :class:`TokenText`."""
         reader = read_message_events(
-            self._lifecycle, self._fanout, self.settings, message_id, None, is_disconnected
+            self._lifecycle, self._fanout, self.settings, message, None, is_disconnected
         )
         async with aclosing(reader) as batches:
             async for batch in batches:
-                yield [_STREAM_EVENT.validate_json(entry["data"]) for entry in batch]
+                yield [_decoded(entry["data"]) for entry in batch]
 
     async def wait(
         self,
@@ -261,7 +275,7 @@ class OpenAIService:
         """
         finished = False
         try:
-            async with aclosing(self.events(message.id, is_disconnected)) as batches:
+            async with aclosing(self.events(message, is_disconnected)) as batches:
                 async for batch in batches:
                     for event in batch:
                         if logprobs is not None:

@@ -31,7 +31,12 @@ from starlette.types import Receive, Scope, Send
 
 from oasst_inference_server.db.models import DbMessage
 from oasst_inference_server.dispatch import events
-from oasst_inference_server.openai_api.openai_service import IsDisconnected, OpenAIService, generation_failure
+from oasst_inference_server.openai_api.openai_service import (
+    IsDisconnected,
+    OpenAIService,
+    TokenText,
+    generation_failure,
+)
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.openai_schemas import (
     ChatCompletionStreamChoice,
@@ -112,6 +117,12 @@ class _Chunks:
 
     def start(self) -> str | None:
         return None
+
+    def text_json(self, text: str) -> str:
+        """The chunk of a text given as a JSON string (a stored token event's, :class:`TokenText`)."""
+        # Its length in characters: the JSON string's, less its quotes, unless it has escapes.
+        self._offset += len(text) - 2 if "\\" not in text else len(json.loads(text))
+        return f"{self._text_head}{text}{self._text_tail}"
 
     def text(self, text: str, logprobs: list[TokenLogprob] | None = None) -> str:
         if logprobs:  # built in full: the template has no logprobs
@@ -215,12 +226,15 @@ async def stream_answer(
     try:
         if first := chunks.start():
             yield first
-        async with contextlib.aclosing(service.events(message.id, is_disconnected)) as batches:
+        async with contextlib.aclosing(service.events(message, is_disconnected)) as batches:
             async for batch in batches:
                 # One write per batch of events: a stream that fell behind catches up in one send.
                 out: list[str] = []
                 for event in batch:
-                    if isinstance(event, TokenEvent):
+                    if type(event) is TokenText:
+                        sent_text = True
+                        out.append(chunks.text_json(event.json))
+                    elif isinstance(event, TokenEvent):
                         sent_text = True
                         out.append(chunks.text(event.text, event.logprobs))
                     elif isinstance(event, PendingEvent):
@@ -250,11 +264,11 @@ async def stream_choices(
     """Several choices (``n`` > 1, one message each) in one stream, their chunks interleaved as their
     events come; ``[DONE]`` after the last one ends. A failed choice ends the whole stream with an error
     chunk, and the other choices are cancelled."""
-    queue: asyncio.Queue[tuple[int, list[StreamEvent] | None]] = asyncio.Queue()
+    queue: asyncio.Queue[tuple[int, list[StreamEvent | TokenText] | None]] = asyncio.Queue()
 
     async def pump(index: int) -> None:
         try:
-            async with contextlib.aclosing(service.events(messages[index].id, is_disconnected)) as batches:
+            async with contextlib.aclosing(service.events(messages[index], is_disconnected)) as batches:
                 async for batch in batches:
                     await queue.put((index, batch))
         finally:
@@ -276,7 +290,10 @@ async def stream_choices(
                 continue
             out: list[str] = []
             for event in batch:
-                if isinstance(event, TokenEvent):
+                if type(event) is TokenText:
+                    sent_text[index] = True
+                    out.append(chunks[index].text_json(event.json))
+                elif isinstance(event, TokenEvent):
                     sent_text[index] = True
                     out.append(chunks[index].text(event.text, event.logprobs))
                 elif isinstance(event, PendingEvent):

@@ -9,7 +9,7 @@ from loguru import logger
 
 from oasst_inference_server.broker import Broker, BrokerError, StreamEntry
 from oasst_inference_server.broker.keys import parse_stream_id
-from oasst_inference_server.db.models import utcnow
+from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.settings import Settings
@@ -24,7 +24,7 @@ async def read_message_events(
     lifecycle: MessageLifecycle,
     fanout: StreamFanout,
     settings: Settings,
-    message_id: str,
+    message: DbMessage,
     after: str | None,
     is_disconnected: Callable[[], Awaitable[bool]],
 ) -> AsyncGenerator[list[SseEvent], None]:
@@ -35,12 +35,11 @@ async def read_message_events(
     after ``after``, through this process's one reader of that stream (:mod:`.fanout`); while the
     message waits, a ``pending`` event with its queue position (its place in the fair queue's dispatch
     order) and estimated wait is added every ``pending_update_interval``; it ends after exactly one
-    terminal event, rebuilt from the database when the stream has expired.
+    terminal event, rebuilt from the database when the stream has expired. ``message`` is the message
+    as the caller just read or created it (its state decides whether a ``pending`` event comes first).
     """
+    message_id = message.id
     stream = events.stream_name(message_id)
-    message = await lifecycle.get(message_id)
-    if message is None:
-        return
     if message.state == MessageState.pending and after is None:
         yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
     if after is not None and (gap := await _gap_event(fanout.broker, stream, after)) is not None:

@@ -1,9 +1,12 @@
-"""One broker read per (server process, message stream), fanned out in memory to every local reader.
+"""One broker read per server process for every stream its readers follow, fanned out in memory.
 
 Each SSE reader used to run its own blocking read of the message's stream, so k readers of one answer
-cost k broker round trips per token. Here a reader subscribes to :class:`StreamFanout`; the first
-subscriber of a stream starts that stream's *feed*, one task that reads the broker and copies every
-entry it gets into the buffer of each subscriber, without waiting for any of them.
+cost k broker round trips per token, and n answers n reads. Here a reader subscribes to
+:class:`StreamFanout`; the first subscriber of a stream starts that stream's *feed*, its position in
+the stream and its subscribers. One task per process reads every feed's stream in one broker read
+(:class:`~oasst_inference_server.broker.StreamsReader`: one blocking ``XREAD`` of all the streams on
+Redis) and copies every entry it gets into the buffer of each subscriber of that stream, without
+waiting for any of them. A new feed wakes the read under way, so the next read names its stream too.
 
 A subscriber returns the entries strictly after its own cursor (its ``Last-Event-ID``, then the last
 entry it returned), exactly once and in order:
@@ -19,8 +22,9 @@ entry it returned), exactly once and in order:
   off and its buffer dropped, so it holds up nobody and costs no more memory; its next read catches up
   from the broker as above;
 * a feed ends after the stream's terminal event, or on a broker error (each subscriber then raises
-  that error once, after what it had buffered, and catches up on its next read); it is cancelled when
-  its last subscriber leaves.
+  that error once, after what it had buffered, and catches up on its next read), or when its last
+  subscriber leaves; entries a read brought for a feed that ended or started again meanwhile are not
+  handed on (the broker still has them for whoever reads next).
 
 Above the broker interface, so the Redis and the in-process broker both get it.
 """
@@ -52,7 +56,6 @@ class _Feed:
         self.position_id = _START if position is None else parse_stream_id(position)
         self.read_any = False  # until then, position is only its first subscriber's cursor
         self.subscribers: set[Subscription] = set()
-        self.task: asyncio.Task[None] | None = None
 
 
 class Subscription:
@@ -197,7 +200,7 @@ class Subscription:
 
 
 class StreamFanout:
-    """The feeds of this server process: at most one broker read loop per stream."""
+    """The feeds of this server process, all read by one broker read loop."""
 
     def __init__(self, broker: Broker, *, buffer_limit: int = BUFFER_LIMIT) -> None:
         if buffer_limit < READ_COUNT:
@@ -205,6 +208,8 @@ class StreamFanout:
         self.broker = broker
         self.buffer_limit = buffer_limit
         self._feeds: dict[str, _Feed] = {}
+        self._reader = broker.streams_reader()
+        self._task: asyncio.Task[None] | None = None
         self.closed = False
 
     @contextlib.asynccontextmanager
@@ -220,18 +225,19 @@ class StreamFanout:
             subscription._leave()
 
     def feeds(self) -> int:
-        """How many streams this process reads now (one broker read loop each)."""
+        """How many streams this process reads now (all in one broker read)."""
         return len(self._feeds)
 
     async def close(self) -> None:
-        """Stop every feed (at shutdown, before the broker closes)."""
+        """Stop every feed and the read loop (at shutdown, before the broker closes)."""
         self.closed = True
-        tasks = [feed.task for feed in self._feeds.values() if feed.task is not None]
         for feed in list(self._feeds.values()):
             self._end(feed, None)
-        for task in tasks:
+        task, self._task = self._task, None
+        if task is not None:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(task, return_exceptions=True)
+        await self._reader.close()
 
     def _feed_for(self, stream: str, position: str | None) -> _Feed:
         feed = self._feeds.get(stream)
@@ -242,13 +248,19 @@ class StreamFanout:
                 feed = self._restart(feed, position)
         if feed is None:
             feed = self._feeds[stream] = _Feed(stream, position)
-            feed.task = asyncio.create_task(self._run(feed), name=f"stream-feed-{stream}")
+            self._follow()
         return feed
+
+    def _follow(self) -> None:
+        """The feeds changed: start the read loop, or make its read under way end so that the next
+        one reads the streams of the feeds there are now."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="stream-feeds")
+        else:
+            self._reader.wake()
 
     def _restart(self, feed: _Feed, position: str | None) -> _Feed:
         del self._feeds[feed.stream]
-        if feed.task is not None:
-            feed.task.cancel()
         fresh = self._feed_for(feed.stream, position)
         for subscription in feed.subscribers:
             # Their cursors are at or past the old start, so past the new one: skip up to them.
@@ -262,8 +274,8 @@ class StreamFanout:
         feed.subscribers.discard(subscription)
         if not feed.subscribers and self._feeds.get(feed.stream) is feed:
             del self._feeds[feed.stream]
-            if feed.task is not None and feed.task is not asyncio.current_task():
-                feed.task.cancel()
+            if not self._feeds and self._task is not None:
+                self._reader.wake()  # nothing left to read: the loop ends (and frees its connection)
 
     def _end(self, feed: _Feed, error: BrokerError | None) -> None:
         if self._feeds.get(feed.stream) is feed:
@@ -272,33 +284,46 @@ class StreamFanout:
             subscription._feed_ended(error)
         feed.subscribers.clear()
 
-    async def _run(self, feed: _Feed) -> None:
+    async def _run(self) -> None:
+        """The read loop: one broker read of every feed's stream at a time, while there are feeds."""
         try:
-            while feed.subscribers:
-                entries = await self.broker.read_events(
-                    feed.stream, feed.position, timeout=_FEED_BLOCK, count=READ_COUNT
-                )
-                if not entries:
-                    continue
-                feed.position = entries[-1].id
-                feed.read_any = True
-                feed.position_id = parse_stream_id(feed.position)
-                for subscription in list(feed.subscribers):
-                    if not subscription._deliver(entries, self.buffer_limit):
-                        feed.subscribers.discard(subscription)
-                        subscription._cut_off()
-                if any(events.is_terminal(entry.data) for entry in entries):
-                    break  # the stream is finished: nothing more will come
-            self._end(feed, None)
-        except BrokerError as exc:
-            logger.debug("the feed of {} stopped: {}", feed.stream, exc)
-            self._end(feed, exc)
+            while self._feeds:
+                requested = dict(self._feeds)
+                try:
+                    found = await self._reader.read(
+                        {stream: feed.position for stream, feed in requested.items()},
+                        timeout=_FEED_BLOCK,
+                        count=READ_COUNT,
+                    )
+                    for stream, entries in found.items():
+                        feed = requested[stream]
+                        if self._feeds.get(stream) is feed:  # else it ended or started again meanwhile
+                            self._hand_on(feed, entries)
+                except BrokerError as exc:
+                    logger.debug("the read of {} streams stopped: {}", len(requested), exc)
+                    self._end_all(requested, exc)
+                except Exception as exc:  # a bug here must not leave the subscribers waiting forever
+                    logger.opt(exception=exc).error("the read of {} streams failed", len(requested))
+                    self._end_all(requested, BrokerError(f"reading the stream failed: {type(exc).__name__}"))
         except asyncio.CancelledError:
-            self._end(feed, None)
+            self._end_all(dict(self._feeds), None)
             raise
-        except Exception as exc:  # a bug here must not leave its subscribers waiting forever
-            logger.opt(exception=exc).error("the feed of {} failed", feed.stream)
-            self._end(feed, BrokerError(f"reading the stream failed: {type(exc).__name__}"))
+
+    def _hand_on(self, feed: _Feed, entries: list[StreamEntry]) -> None:
+        feed.position = entries[-1].id
+        feed.read_any = True
+        feed.position_id = parse_stream_id(feed.position)
+        for subscription in list(feed.subscribers):
+            if not subscription._deliver(entries, self.buffer_limit):
+                feed.subscribers.discard(subscription)
+                subscription._cut_off()
+        if not feed.subscribers or any(events.is_terminal(entry.data) for entry in entries):
+            self._end(feed, None)  # nobody left, or the stream is finished: nothing more will come
+
+    def _end_all(self, feeds: dict[str, _Feed], error: BrokerError | None) -> None:
+        for stream, feed in feeds.items():
+            if self._feeds.get(stream) is feed:
+                self._end(feed, error)
 
 
 def _resolve(waiter: asyncio.Future[None]) -> None:

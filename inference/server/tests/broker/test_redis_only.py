@@ -206,3 +206,26 @@ async def test_dropped_connections_are_recovered(redis_url: str, redis_prefix: P
             assert await asyncio.wait_for(received, 1.0) == "cancel"
     finally:
         await broker.close()
+
+
+async def test_entries_are_read_from_redis_reply_whatever_their_fields(
+    redis_url: str, redis_prefix: Prefixes
+) -> None:
+    """XREAD replies are parsed by the broker itself (not redis-py's callback): an entry whose
+    ``data`` field is not the first, or that has none, reads as the others did."""
+    prefix = redis_prefix()
+    broker = RedisBroker(redis_url, key_prefix=prefix)
+    await broker.start()
+    raw = aioredis.from_url(redis_url, decode_responses=True)
+    try:
+        key = RedisKeys(prefix).stream("s")
+        await broker.append_events([("s", "e1"), ("t", "x"), ("s", "e2 héllo 👋")])
+        await raw.xadd(key, {"other": "o", "data": "e3"})
+        await raw.xadd(key, {"other": "o"})
+        entries = await broker.read_events("s", None, timeout=0)
+        assert [e.data for e in entries] == ["e1", "e2 héllo 👋", "e3", ""]
+        assert [e.id for e in entries] == [entry_id for entry_id, _ in await raw.xrange(key)]
+        assert [e.data for e in await broker.read_events("t", None, timeout=1.0)] == ["x"]
+    finally:
+        await raw.aclose()
+        await broker.close()

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 
-from oasst_inference_server.broker import Broker, BrokerError, StreamEntry, stream_id_after
+from oasst_inference_server.broker import Broker, BrokerError, StreamEntry, StreamsReader, stream_id_after
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.streams.fanout import READ_COUNT, StreamFanout, Subscription
 
@@ -17,14 +17,46 @@ BrokerFactory = Callable[..., Awaitable[Broker]]
 STREAM = "events:m1"
 
 
+StreamsRead = Callable[[Mapping[str, str | None], float, int], Awaitable[dict[str, list[StreamEntry]]]]
+
+
+def wrap_streams_reads(
+    broker: Broker,
+    around: Callable[
+        [StreamsRead, Mapping[str, str | None], float, int], Awaitable[dict[str, list[StreamEntry]]]
+    ],
+) -> None:
+    """Every read of the streams readers the broker makes from now on goes through ``around``."""
+    make_reader = broker.streams_reader
+
+    class Wrapped(StreamsReader):
+        def __init__(self) -> None:
+            self.reader = make_reader()
+
+        async def read(
+            self, after: Mapping[str, str | None], timeout: float, count: int = 512
+        ) -> dict[str, list[StreamEntry]]:
+            return await around(self.reader.read, after, timeout, count)
+
+        def wake(self) -> None:
+            self.reader.wake()
+
+        async def close(self) -> None:
+            await self.reader.close()
+
+    broker.streams_reader = Wrapped  # type: ignore[method-assign]
+
+
 class ReadCounter:
     """Counts the broker's reads of one stream, and how many waiting (blocking) reads ran at once:
-    a read loop waits for the next entry; a reader catching up reads what is stored without waiting."""
+    the fan-out's read loop waits for the next entry (of every stream it follows, in one read); a
+    reader catching up reads what is stored without waiting. Made before the fan-out it watches."""
 
     def __init__(self, broker: Broker, stream: str) -> None:
         self.calls = 0
         self.waiting = 0
         self.most_waiting_at_once = 0
+        self.streams_per_read: list[int] = []  # of the read loop's reads
         original = broker.read_events
 
         async def counted(
@@ -32,16 +64,31 @@ class ReadCounter:
         ) -> list[StreamEntry]:
             if name != stream:
                 return await original(name, after, timeout, count)
-            self.calls += 1
-            waits = timeout > 0
-            self.waiting += waits
-            self.most_waiting_at_once = max(self.most_waiting_at_once, self.waiting)
-            try:
+            async with self._counting(timeout):
                 return await original(name, after, timeout, count)
-            finally:
-                self.waiting -= waits
+
+        async def counted_streams(
+            read: StreamsRead, after: Mapping[str, str | None], timeout: float, count: int
+        ) -> dict[str, list[StreamEntry]]:
+            self.streams_per_read.append(len(after))
+            if stream not in after:
+                return await read(after, timeout, count)
+            async with self._counting(timeout):
+                return await read(after, timeout, count)
 
         broker.read_events = counted  # type: ignore[method-assign]
+        wrap_streams_reads(broker, counted_streams)
+
+    @contextlib.asynccontextmanager
+    async def _counting(self, timeout: float) -> AsyncIterator[None]:
+        self.calls += 1
+        waits = timeout > 0
+        self.waiting += waits
+        self.most_waiting_at_once = max(self.most_waiting_at_once, self.waiting)
+        try:
+            yield
+        finally:
+            self.waiting -= waits
 
 
 async def read_to_end(subscription: Subscription) -> list[StreamEntry]:
@@ -79,8 +126,8 @@ async def all_entries(broker: Broker) -> list[StreamEntry]:
 
 
 async def test_readers_sharing_one_read_get_every_event_once_in_order_with_resume(broker: Broker) -> None:
-    fanout = StreamFanout(broker)
     counter = ReadCounter(broker, STREAM)
+    fanout = StreamFanout(broker)
     early = await broker.append_event(STREAM, events.token_event(" early"))
     results: dict[str, list[StreamEntry]] = {}
     cursors: dict[str, str | None] = {}
@@ -115,8 +162,8 @@ async def test_readers_sharing_one_read_get_every_event_once_in_order_with_resum
 
 
 async def test_n_readers_of_one_stream_cost_the_reads_of_one(broker: Broker) -> None:
-    fanout = StreamFanout(broker)
     counter = ReadCounter(broker, STREAM)
+    fanout = StreamFanout(broker)
     tokens = 100
     async with contextlib.AsyncExitStack() as stack:
         subscriptions = [await stack.enter_async_context(fanout.subscribe(STREAM, None)) for _ in range(31)]
@@ -156,8 +203,8 @@ async def test_a_reader_that_stops_reading_delays_nobody_and_catches_up_from_the
 async def test_the_feed_stops_after_the_terminal_event_and_when_its_last_reader_leaves(
     broker: Broker,
 ) -> None:
-    fanout = StreamFanout(broker)
     counter = ReadCounter(broker, STREAM)
+    fanout = StreamFanout(broker)
     async with fanout.subscribe(STREAM, None) as subscription:
         assert await subscription.read(timeout=0.05) == []
         assert fanout.feeds() == 1
@@ -199,21 +246,21 @@ async def test_a_resume_id_past_the_stream_does_not_blind_a_later_reader(broker:
 
 
 async def test_a_broker_error_reaches_each_reader_once_then_reading_resumes(broker: Broker) -> None:
-    fanout = StreamFanout(broker)
-    original = broker.read_events
     failures = 1
 
     async def failing_once(
-        name: str, after: str | None, timeout: float, count: int = 512
-    ) -> list[StreamEntry]:
+        read: StreamsRead, after: Mapping[str, str | None], timeout: float, count: int
+    ) -> dict[str, list[StreamEntry]]:
+        """The read loop's read fails once, after the stream got entries."""
         nonlocal failures
-        entries = await original(name, after, timeout, count)
-        if name == STREAM and timeout > 0 and entries and failures:  # the feed's read, not a catch-up
+        found = await read(after, timeout, count)
+        if found.get(STREAM) and failures:
             failures -= 1
             raise BrokerError("redis went away")
-        return entries
+        return found
 
-    broker.read_events = failing_once  # type: ignore[method-assign]
+    wrap_streams_reads(broker, failing_once)
+    fanout = StreamFanout(broker)
     async with fanout.subscribe(STREAM, None) as one, fanout.subscribe(STREAM, None) as two:
         assert await one.read(timeout=0) == [] and await two.read(timeout=0) == []  # both join the feed
         ids = await write(broker, 4)
@@ -239,3 +286,67 @@ async def test_close_ends_every_feed(broker: Broker) -> None:
             assert "shutting down" in str(exc)
         else:
             raise AssertionError("a closed fan-out still read")
+
+
+async def test_readers_of_many_streams_share_one_broker_read_and_each_get_every_event_once(
+    broker: Broker,
+) -> None:
+    """Eight answers written at once, each read by three readers (one resuming halfway, one joining
+    late): one read loop follows all the streams, one broker read at a time for all of them, and every
+    reader gets every event after its cursor exactly once, in order."""
+    counter = ReadCounter(broker, "events:s0")
+    fanout = StreamFanout(broker)
+    names = [f"events:s{i}" for i in range(8)]
+    results: dict[tuple[str, int], list[StreamEntry]] = {}
+    cursors: dict[tuple[str, int], str | None] = {}
+
+    async def write_stream(name: str, count: int) -> None:
+        for i in range(count):
+            await broker.append_events([(name, events.token_event(f" {name}-{i}"))])
+            await asyncio.sleep(0.002)
+        await broker.append_event(name, events.error_event("the end", None), terminal=True)
+
+    async def reader(name: str, index: int, delay: float, halfway: bool) -> None:
+        await asyncio.sleep(delay)
+        after = None
+        if halfway:
+            stored = await broker.read_events(name, None, timeout=0, count=1000)
+            after = stored[len(stored) // 2].id if stored else None
+        cursors[name, index] = after
+        async with fanout.subscribe(name, after) as subscription:
+            results[name, index] = await read_to_end(subscription)
+
+    await asyncio.gather(
+        *(write_stream(name, 60 + 10 * i) for i, name in enumerate(names)),
+        *(reader(name, 0, 0.0, False) for name in names),
+        *(reader(name, 1, 0.05, True) for name in names),
+        *(reader(name, 2, 0.1 + 0.01 * i, False) for i, name in enumerate(names)),
+    )
+    for (name, index), seen in results.items():
+        stored = await broker.read_events(name, None, timeout=0, count=1000)
+        after = cursors[name, index]
+        expected = stored if after is None else [e for e in stored if stream_id_after(e.id, after)]
+        assert seen == expected, (name, index)
+    assert len(results) == 24
+    assert counter.most_waiting_at_once == 1
+    assert max(counter.streams_per_read) >= 4  # the streams were read together, not one loop each
+    await asyncio.sleep(0.05)
+    assert fanout.feeds() == 0
+    await fanout.close()
+
+
+async def test_a_stream_that_joins_while_the_loop_waits_is_read_at_once(broker: Broker) -> None:
+    """The loop waits on one quiet stream; a second stream's reader joins and gets its events without
+    waiting for the first stream's wait to end."""
+    fanout = StreamFanout(broker)
+    async with fanout.subscribe("events:quiet", None) as quiet:
+        assert await quiet.read(timeout=0.05) == []  # the loop now waits on the quiet stream alone
+        await asyncio.sleep(0.05)
+        async with fanout.subscribe("events:busy", None) as busy:
+            assert await busy.read(timeout=0) == []  # joins: the loop must wake to read it too
+            started = asyncio.get_running_loop().time()
+            await broker.append_event("events:busy", events.token_event(" hi"))
+            entries = await busy.read(timeout=5.0)
+            assert [e.data for e in entries] == [events.token_event(" hi")]
+            assert asyncio.get_running_loop().time() - started < 1.0
+    await fanout.close()

@@ -248,3 +248,40 @@ async def test_close_wakes_blocked_readers(make_broker: BrokerFactory) -> None:
     await asyncio.sleep(0.1)
     await broker.close()
     assert await asyncio.wait_for(asyncio.gather(*readers), 5.0) == [[], []]
+
+
+async def test_one_streams_read_returns_each_streams_entries_after_its_own_id(broker: Broker) -> None:
+    a0 = await broker.append_event("a", "a0")
+    await broker.append_events([("a", "a1"), ("b", "b0"), ("a", "a2")])
+    reader = broker.streams_reader()
+    try:
+        found = await reader.read({"a": a0, "b": None, "c": None}, timeout=1.0, count=1)
+        assert {s: [e.data for e in entries] for s, entries in found.items()} == {"a": ["a1"], "b": ["b0"]}
+        a1, b0 = found["a"][0].id, found["b"][0].id
+        found = await reader.read({"a": a1, "b": b0}, timeout=0)
+        assert {s: [e.data for e in entries] for s, entries in found.items()} == {"a": ["a2"]}
+        # Nothing after these ids: it waits for the first append to any of the streams.
+        waiting = asyncio.create_task(reader.read({"b": b0, "c": None}, 10.0))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        await broker.append_event("c", "c0")
+        found = await asyncio.wait_for(waiting, 5.0)
+        assert {s: [e.data for e in entries] for s, entries in found.items()} == {"c": ["c0"]}
+    finally:
+        await reader.close()
+
+
+async def test_wake_ends_a_streams_read_that_waits(broker: Broker) -> None:
+    reader = broker.streams_reader()
+    try:
+        waiting = asyncio.create_task(reader.read({"quiet": None}, timeout=30.0))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        reader.wake()
+        assert await asyncio.wait_for(waiting, 5.0) == {}
+        reader.wake()  # with no read under way: the next one does not wait
+        assert await asyncio.wait_for(reader.read({"quiet": None}, timeout=30.0), 5.0) == {}
+        await broker.append_event("quiet", "x")  # and the one after reads as usual
+        assert [e.data for e in (await reader.read({"quiet": None}, timeout=5.0))["quiet"]] == ["x"]
+    finally:
+        await reader.close()

@@ -1,0 +1,114 @@
+"""Many event streams in one blocking XREAD, on a connection of its own.
+
+The stream fan-out of a server process reads all the streams its SSE readers follow with this reader,
+one ``XREAD BLOCK ... STREAMS k1 k2 ... id1 id2 ...`` at a time, so a batch of tokens for twenty
+answers costs one round trip and one reply, not twenty. When the set of streams changes while the
+XREAD waits, :meth:`RedisStreamsReader.wake` ends the wait with ``CLIENT UNBLOCK`` (sent on another
+connection of the pool), and the next read names the new set.
+
+The connection is taken from the broker's pool once and kept; after an error it is dropped, and the
+next read takes a new one (and asks its client id again, for ``CLIENT UNBLOCK``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from loguru import logger
+from redis.exceptions import RedisError
+
+from oasst_inference_server.broker.base import StreamEntry, StreamsReader
+from oasst_inference_server.broker.keys import parse_stream_id
+from oasst_inference_server.broker.redis_replies import ms, stream_entries, translated
+
+if TYPE_CHECKING:
+    from oasst_inference_server.broker.redis import RedisBroker
+
+# While a read is under way but not yet blocked in Redis, CLIENT UNBLOCK finds nothing to unblock:
+# it is sent again after this pause until it lands or the read has ended.
+_UNBLOCK_RETRY_SECONDS = 0.001
+
+
+class RedisStreamsReader(StreamsReader):
+    def __init__(self, broker: RedisBroker) -> None:
+        self._broker = broker
+        self._connection: Any = None
+        self._client_id: int | None = None
+        self._reading = 0  # the number of the read under way (0: none)
+        self._reads = 0
+        self._woken = False
+        self._unblocking: asyncio.Task[None] | None = None
+
+    async def read(
+        self, after: Mapping[str, str | None], timeout: float, count: int = 512
+    ) -> dict[str, list[StreamEntry]]:
+        broker = self._broker
+        streams = {broker.keys.stream(stream): stream for stream in after}
+        ids = ["0-0" if a is None else str(parse_stream_id(a)) for a in after.values()]
+        with translated("XREAD streams"):
+            connection = await self._connect()
+            # From here to the send, nothing awaits: a wake() either comes before (this read does not
+            # wait) or finds the read under way (and unblocks it).
+            woken, self._woken = self._woken, False
+            command: list[Any] = ["XREAD", "COUNT", max(1, count)]
+            if timeout > 0 and not woken:
+                command += ["BLOCK", ms(min(timeout, broker._max_block))]
+            command += ["STREAMS", *streams, *ids]
+            self._reads += 1
+            self._reading = self._reads
+            try:
+                await connection.send_command(*command)
+                reply = await connection.read_response()
+            except BaseException:
+                await self._drop()
+                raise
+            finally:
+                self._reading = 0
+        found: dict[str, list[StreamEntry]] = {}
+        for key, entries in reply or ():
+            found[streams[key]] = stream_entries([[key, entries]])
+        return found
+
+    def wake(self) -> None:
+        self._woken = True  # the next read does not wait, whatever happens to this one
+        if self._reading and self._unblocking is None:
+            self._unblocking = asyncio.create_task(self._unblock(self._reading))
+
+    async def close(self) -> None:
+        if self._unblocking is not None:
+            self._unblocking.cancel()
+        await self._drop()
+
+    async def _connect(self) -> Any:
+        if self._connection is None:
+            connection = await self._broker._pool.get_connection()
+            try:
+                await connection.send_command("CLIENT", "ID")
+                self._client_id = int(await connection.read_response())
+            except BaseException:
+                await connection.disconnect()
+                await self._broker._pool.release(connection)
+                raise
+            self._connection = connection
+        return self._connection
+
+    async def _drop(self) -> None:
+        connection, self._connection, self._client_id = self._connection, None, None
+        if connection is not None:
+            # A read cut short leaves its reply unread on the socket: the connection is not reusable.
+            await connection.disconnect()
+            await self._broker._pool.release(connection)
+
+    async def _unblock(self, read: int) -> None:
+        try:
+            while self._reading == read:
+                client_id = self._client_id
+                if client_id is not None and await self._broker._client.client_unblock(client_id):
+                    return
+                await asyncio.sleep(_UNBLOCK_RETRY_SECONDS)
+        except (RedisError, OSError) as exc:  # the read still ends by its block time
+            logger.debug("CLIENT UNBLOCK failed: {}", exc)
+        finally:
+            self._unblocking = None
