@@ -238,12 +238,12 @@ class OpenAIService:
 
     # ------------------------------------------------------------ following a request
     async def events(
-        self, message_id: str, is_disconnected: IsDisconnected
+        self, message: DbMessage, is_disconnected: IsDisconnected
     ) -> AsyncGenerator[list[StreamEvent], None]:
-        """The message's events, decoded, in batches (one per broker read); ends after the terminal
-        one, or early if the client left."""
+        """The events of ``message`` (as this request submitted it), decoded, in batches (one per broker
+        read); ends after the terminal one, or early if the client left."""
         reader = read_message_events(
-            self._lifecycle, self._fanout, self.settings, message_id, None, is_disconnected
+            self._lifecycle, self._fanout, self.settings, message.id, None, is_disconnected, message
         )
         async with aclosing(reader) as batches:
             async for batch in batches:
@@ -261,7 +261,7 @@ class OpenAIService:
         """
         finished = False
         try:
-            async with aclosing(self.events(message.id, is_disconnected)) as batches:
+            async with aclosing(self.events(message, is_disconnected)) as batches:
                 async for batch in batches:
                     for event in batch:
                         if logprobs is not None:

@@ -215,7 +215,7 @@ async def stream_answer(
     try:
         if first := chunks.start():
             yield first
-        async with contextlib.aclosing(service.events(message.id, is_disconnected)) as batches:
+        async with contextlib.aclosing(service.events(message, is_disconnected)) as batches:
             async for batch in batches:
                 # One write per batch of events: a stream that fell behind catches up in one send.
                 out: list[str] = []
@@ -254,7 +254,7 @@ async def stream_choices(
 
     async def pump(index: int) -> None:
         try:
-            async with contextlib.aclosing(service.events(messages[index].id, is_disconnected)) as batches:
+            async with contextlib.aclosing(service.events(messages[index], is_disconnected)) as batches:
                 async for batch in batches:
                     await queue.put((index, batch))
         finally:

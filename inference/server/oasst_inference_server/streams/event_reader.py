@@ -9,7 +9,7 @@ from loguru import logger
 
 from oasst_inference_server.broker import Broker, BrokerError, StreamEntry
 from oasst_inference_server.broker.keys import parse_stream_id
-from oasst_inference_server.db.models import utcnow
+from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.settings import Settings
@@ -18,6 +18,7 @@ from oasst_inference_server.streams.sse import SseEvent
 from oasst_shared.schemas import MessageState
 
 _TERMINAL_GRACE_SECONDS = 2.0
+FIRST_PENDING_WAIT = 0.2  # seconds a new reader of a pending message waits for an event before its position
 
 
 async def read_message_events(
@@ -27,6 +28,7 @@ async def read_message_events(
     message_id: str,
     after: str | None,
     is_disconnected: Callable[[], Awaitable[bool]],
+    message: DbMessage | None = None,
 ) -> AsyncGenerator[list[SseEvent], None]:
     """The events of one message as batches of sse-starlette dicts (``id`` only for stored events).
 
@@ -34,26 +36,34 @@ async def read_message_events(
     in one write to its client rather than one per token. Stored events come from the broker stream
     after ``after``, through this process's one reader of that stream (:mod:`.fanout`); while the
     message waits, a ``pending`` event with its queue position (its place in the fair queue's dispatch
-    order) and estimated wait is added every ``pending_update_interval``; it ends after exactly one
-    terminal event, rebuilt from the database when the stream has expired.
+    order) and estimated wait is added every ``pending_update_interval``, the first one as soon as a
+    new reader has waited ``FIRST_PENDING_WAIT`` for its first event; it ends after exactly one terminal
+    event, rebuilt from the database when the stream has expired.
+
+    ``message``: the message as the caller just read or created it, which saves reading it again.
     """
     stream = events.stream_name(message_id)
-    message = await lifecycle.get(message_id)
     if message is None:
-        return
+        message = await lifecycle.get(message_id)
+        if message is None:
+            return
+    wait = settings.pending_update_interval
     if message.state == MessageState.pending and after is None:
-        yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
+        # A message that gets a worker at once needs no queue position: working it out (the queue, the
+        # workers, the database) would only compete with the claim on the way to the first token.
+        wait = min(wait, FIRST_PENDING_WAIT)
     if after is not None and (gap := await _gap_event(fanout.broker, stream, after)) is not None:
         yield [{"data": gap}]
     async with fanout.subscribe(stream, after) as subscription:
         while True:
             try:
-                entries = await subscription.read(timeout=settings.pending_update_interval)
+                entries = await subscription.read(timeout=wait)
             except BrokerError as exc:
                 # Redis is down: keep the reader, follow the database until it is back.
                 logger.warning("event stream of {} unavailable: {}", message_id, exc)
                 await asyncio.sleep(settings.pending_update_interval)
                 entries = []
+            wait = settings.pending_update_interval
             if entries:
                 batch, ended = _up_to_terminal(entries)
                 yield batch

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import aclosing
 
 from oasst_inference_server.dispatch import events
+from oasst_inference_server.streams import event_reader
 from oasst_shared.protocol import GeneratedText
-from tests.support.api import API, MAX_MESSAGES_PER_CHAT, assert_error, finish_message
+from tests.support.api import API, MAX_MESSAGES_PER_CHAT, assert_error, finish_message, start_chat
 
 pytestmark = API
 
@@ -137,3 +139,53 @@ async def test_a_turn_that_would_overfill_the_chat_is_refused_whole(client, app,
     assert_error(full, 409, "chat_full")
     assert len(await chat_messages(client, user, chat_id)) == MAX_MESSAGES_PER_CHAT
     await finish_message(app, parent)
+
+
+async def test_an_answer_that_gets_a_worker_at_once_streams_without_a_queue_position(
+    client, app, user, live_model, monkeypatch
+):
+    # The reader gives the worker this long before it works out a queue position: longer than the
+    # worker below takes, however loaded the machine.
+    monkeypatch.setattr(event_reader, "FIRST_PENDING_WAIT", 10.0)
+    lifecycle = app.state.lifecycle
+    asked: list[str] = []
+    queue_position = lifecycle.queue_position
+
+    async def counted(message):
+        asked.append(message.id)
+        return await queue_position(message)
+
+    monkeypatch.setattr(lifecycle, "queue_position", counted)
+    app.state.live_model = live_model
+    chat_id = await new_chat(client, user)
+    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, "At once."))
+    response = await post_turn(client, user, chat_id, {"content": "Quick", "model_config_name": live_model})
+    await worker
+    stream = data_events(response.text)
+    assert [e["event_type"] for e in stream] == ["created", "token", "token", "message"]
+    assert asked == []
+
+
+async def test_an_answer_that_waits_gets_its_queue_position_after_the_first_wait(
+    app, user, client, live_model, monkeypatch
+):
+    monkeypatch.setattr(event_reader, "FIRST_PENDING_WAIT", 0.05)
+    conversation = await start_chat(client, user, model=live_model)
+    assert conversation.assistant_id is not None
+    lifecycle, settings = app.state.lifecycle, app.state.settings
+    assert settings.pending_update_interval >= 0.5
+    message = await lifecycle.get(conversation.assistant_id)
+    reader = event_reader.read_message_events(
+        lifecycle, app.state.stream_fanout, settings, message.id, None, _connected, message
+    )
+    started = asyncio.get_running_loop().time()
+    async with aclosing(reader) as batches:
+        first = await asyncio.wait_for(anext(batches), 10)
+    waited = asyncio.get_running_loop().time() - started
+    assert [json.loads(e["data"])["event_type"] for e in first] == ["pending"]
+    assert 0.05 <= waited < settings.pending_update_interval
+    await finish_message(app, message.id)
+
+
+async def _connected() -> bool:
+    return False

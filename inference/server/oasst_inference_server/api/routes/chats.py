@@ -204,7 +204,9 @@ async def create_turn(
         prompter_message=to_message_read(prompt), assistant_message=to_message_read(answer)
     )
     await session.close()  # do not hold a database connection for the life of the stream
-    batches = read_message_events(lifecycle, fanout, settings, answer.id, None, request.is_disconnected)
+    batches = read_message_events(
+        lifecycle, fanout, settings, answer.id, None, request.is_disconnected, answer
+    )
     return _event_stream(_encoded(batches, lease, first=[{"data": created.model_dump_json()}]), settings)
 
 
@@ -263,7 +265,7 @@ async def message_events(
     lease = await acquire_reader(broker, settings, user.id, message.id)
     await session.close()  # do not hold a database connection for the life of the stream
     batches = read_message_events(
-        lifecycle, fanout, settings, message_id, last_event_id, request.is_disconnected
+        lifecycle, fanout, settings, message_id, last_event_id, request.is_disconnected, message
     )
     return _event_stream(_encoded(batches, lease), settings)
 
