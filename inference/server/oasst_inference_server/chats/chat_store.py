@@ -148,13 +148,17 @@ async def add_prompter_message(
 
 
 async def stage_prompter_message(
-    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str
+    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str, *, size: ChatSize | None = None
 ) -> DbMessage:
-    """As :func:`add_prompter_message`, flushed but not committed: the caller commits it with more."""
+    """As :func:`add_prompter_message`, flushed but not committed: the caller commits it with more.
+    ``size``: the chat's, if the caller has just counted it (whether the chat is empty is then known)."""
     if parent_id is None:
-        has_root = (
-            await session.exec(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
-        ).first()
+        if size is not None:
+            has_root = size.messages > 0
+        else:
+            has_root = (
+                await session.exec(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
+            ).first() is not None
         if has_root:
             raise InvalidRequest("parent_required", "the chat already has messages: give parent_id")
     else:

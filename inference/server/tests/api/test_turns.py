@@ -7,6 +7,8 @@ import asyncio
 import json
 from contextlib import aclosing
 
+from sqlalchemy import event
+
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.streams import event_reader
 from oasst_shared.protocol import GeneratedText
@@ -189,3 +191,30 @@ async def test_an_answer_that_waits_gets_its_queue_position_after_the_first_wait
 
 async def _connected() -> bool:
     return False
+
+
+async def test_a_turn_counts_its_chat_once(client, app, user, live_model):
+    """The chat's size is counted once: the prompt's parent check and the answer's room and ticket
+    reuse it."""
+    statements: list[str] = []
+    engine = app.state.session_factory.kw["bind"].sync_engine
+
+    def record(conn, cursor, statement, params, context, executemany):
+        statements.append(" ".join(statement.split()))
+
+    app.state.live_model = live_model
+    chat_id = await new_chat(client, user)
+    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, "Once."))
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        response = await post_turn(
+            client, user, chat_id, {"content": "Count", "model_config_name": live_model}
+        )
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    await worker
+    assert response.status_code == 200, response.text
+    assert data_events(response.text)[-1]["event_type"] == "message"
+    counts = [s for s in statements if "sum(length(message.content))" in s]
+    probes = [s for s in statements if s.startswith("SELECT message.id FROM message WHERE message.chat_id")]
+    assert len(counts) == 1 and probes == []
