@@ -79,7 +79,9 @@ def work(thread: list[ChatTurn], max_new_tokens: int = 100, raw_prompt: str | No
 
 
 async def run(backend: Recording, job_work: Work, config: ModelConfig = CONFIG) -> GeneratedText:
-    job = GenerationJob(job_work, backend=backend, prompts=PromptBuilder(config, backend), model_config=config)
+    job = GenerationJob(
+        job_work, backend=backend, prompts=PromptBuilder(config, backend), model_config=config
+    )
     frames = Frames()
     await asyncio.wait_for(job.run(frames), 10)
     result = frames.sent[-1]
@@ -99,7 +101,9 @@ async def test_a_prompt_that_fits_by_its_bytes_generates_before_it_is_counted() 
 
 async def test_a_prompt_whose_bound_passes_the_input_limit_is_truncated_by_the_exact_count() -> None:
     config = CONFIG.model_copy(update={"max_input_length": 40})
-    thread = [ChatTurn(role="user" if i % 2 == 0 else "assistant", content=f"turn {i} " * 3) for i in range(7)]
+    thread = [
+        ChatTurn(role="user" if i % 2 == 0 else "assistant", content=f"turn {i} " * 3) for i in range(7)
+    ]
     backend = Recording()
     result = await run(backend, work(thread, max_new_tokens=10), config)
     ((prompt, _),) = backend.prompts
