@@ -54,6 +54,8 @@ class Recording(GenerationBackend):
     async def generate_stream(self, prompt: str, params: Any, max_new_tokens: int) -> AsyncIterator[Any]:
         self.log.append("generate")
         self.prompts.append((prompt, max_new_tokens))
+        await asyncio.sleep(0.02)  # the prefill: a count started with the generation would run now
+        self.log.append("first token")
         yield StreamedToken(" one")
         self.first_token_out.set()
         yield StreamedToken(" two")
@@ -94,7 +96,8 @@ async def test_a_prompt_that_fits_by_its_bytes_generates_before_it_is_counted() 
     backend = Recording(hold_counts=True)
     result = await run(backend, work([ChatTurn(role="user", content="hello there")]))
     ((prompt, max_new_tokens),) = backend.prompts
-    assert backend.log == ["generate", "count"]
+    # Counted once the first token is out: it does not share the backend with the prefill.
+    assert backend.log == ["generate", "first token", "count"]
     assert max_new_tokens == 100  # as the exact count would have it
     assert result.prompt_tokens == words(prompt)  # the usage report is the exact count
 
@@ -119,7 +122,7 @@ async def test_an_answer_the_bound_would_cut_short_is_sized_by_the_exact_count()
     asked = CONFIG.max_total_length  # the whole context: how much is left depends on the exact count
     result = await run(backend, work([ChatTurn(role="user", content="hello there")], max_new_tokens=asked))
     ((prompt, max_new_tokens),) = backend.prompts
-    assert backend.log == ["count", "generate"]
+    assert backend.log == ["count", "generate", "first token"]
     assert max_new_tokens == CONFIG.max_total_length - words(prompt)
     assert result.prompt_tokens == words(prompt)
 
@@ -128,7 +131,7 @@ async def test_a_raw_prompt_that_fits_is_counted_while_it_generates() -> None:
     backend = Recording(hold_counts=True)
     result = await run(backend, work([ChatTurn(role="user", content="x")], raw_prompt="Once upon a time"))
     assert backend.prompts == [("Once upon a time", 100)]
-    assert backend.log == ["generate", "count"] and result.prompt_tokens == 4
+    assert backend.log == ["generate", "first token", "count"] and result.prompt_tokens == 4
 
 
 async def test_the_backend_s_own_count_wins_and_stops_ours() -> None:
@@ -140,6 +143,7 @@ async def test_the_backend_s_own_count_wins_and_stops_ours() -> None:
         return 0
 
     count = PromptCount("some prompt", None, never)
+    count.start()
     await counting.wait()
     count.reported(7)
     assert await count.result() == 7
@@ -154,6 +158,14 @@ async def test_a_count_that_does_not_come_falls_back_to_the_estimate() -> None:
 
     count = PromptCount("a" * 30, None, never)
     assert await count.result(wait=0.01) == 11  # approximate_token_count: 30 // 3 + 1
+
+
+async def test_a_job_cancelled_before_its_first_token_still_reports_the_count() -> None:
+    async def words_of(text: str) -> int:
+        return words(text)
+
+    count = PromptCount("three little words", None, words_of)  # never started by a first token
+    assert await count.result(wait=1.0) == 3
 
 
 def test_the_bound_is_at_least_one_token_a_byte() -> None:

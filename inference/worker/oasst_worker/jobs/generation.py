@@ -196,6 +196,7 @@ class GenerationJob:
                 if self._first_token_at is None:
                     self._first_token_at = time.monotonic()
                     metrics.TIME_TO_FIRST_TOKEN.observe(self._first_token_at - self._started)
+                    prompt_count.start()  # not before: it would share the backend with the first token
                 metrics.TOKENS.inc()
                 if item.logprobs is not None:
                     self._logprobs.append(item.logprobs)
