@@ -138,11 +138,12 @@ async def create_user_chat(session: AsyncSession, user: DbUser, title: str | Non
 
 
 async def add_prompter_message(
-    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str
+    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str, *, size: ChatSize | None = None
 ) -> DbMessage:
     """Add the user's message (committed): the chat's first message, or a reply to a finished assistant
-    message of the chat (``InvalidRequest`` otherwise). It becomes the tail of the chat's active thread."""
-    message = await stage_prompter_message(session, chat, parent_id, content)
+    message of the chat (``InvalidRequest`` otherwise). It becomes the tail of the chat's active thread.
+    ``size``: as for :func:`stage_prompter_message`."""
+    message = await stage_prompter_message(session, chat, parent_id, content, size=size)
     await session.commit()
     return message
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import event
 
 from tests.support.api import (
     API,
@@ -440,3 +441,29 @@ async def test_another_user_gets_404_and_anonymous_401(
     assert_error(await client.request(method, unknown, headers=user.headers, **kwargs), 404)
     # And the owner still has the chat.
     assert (await client.get(f"/chats/{conv.chat_id}", headers=user.headers)).status_code == 200
+
+
+async def test_a_prompt_counts_its_chat_once(client, app, user):
+    """The capacity count also tells whether the chat is empty (a first prompt needs no parent): no
+    second query asks it."""
+    statements: list[str] = []
+    engine = app.state.session_factory.kw["bind"].sync_engine
+
+    def record(conn, cursor, statement, params, context, executemany):
+        statements.append(" ".join(statement.split()))
+
+    chat_id = (await client.post("/chats", json={}, headers=user.headers)).json()["id"]
+    event.listen(engine, "before_cursor_execute", record)
+    try:
+        first = await client.post(
+            f"/chats/{chat_id}/prompter_message", json={"content": "a"}, headers=user.headers
+        )
+        second = await client.post(
+            f"/chats/{chat_id}/prompter_message", json={"content": "b"}, headers=user.headers
+        )
+    finally:
+        event.remove(engine, "before_cursor_execute", record)
+    assert first.status_code == 200, first.text
+    assert_error(second, 400, "parent_required")  # the count saw the first prompt
+    probes = [s for s in statements if s.startswith("SELECT message.id FROM message WHERE message.chat_id")]
+    assert probes == []

@@ -126,8 +126,8 @@ async def create_prompter_message(
     if not body.content.strip():
         raise InvalidValue("empty_message", "the message is empty")
     check_message_length(settings, body.content)
-    await check_chat_capacity(session, settings, chat.id)
-    message = await add_prompter_message(session, chat, body.parent_id, body.content)
+    size = await check_chat_capacity(session, settings, chat.id)
+    message = await add_prompter_message(session, chat, body.parent_id, body.content, size=size)
     return to_message_read(message)
 
 
