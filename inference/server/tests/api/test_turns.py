@@ -218,3 +218,29 @@ async def test_a_turn_counts_its_chat_once(client, app, user, live_model):
     counts = [s for s in statements if "sum(length(message.content))" in s]
     probes = [s for s in statements if s.startswith("SELECT message.id FROM message WHERE message.chat_id")]
     assert len(counts) == 1 and probes == []
+
+
+async def test_a_turn_takes_and_gives_back_its_reader_slots_in_one_call_each(
+    client, app, user, live_model, monkeypatch
+):
+    broker = app.state.broker
+    calls: list[str] = []
+    acquire_slots, release_slots = broker.acquire_slots, broker.release_slots
+
+    async def acquiring(slots, holder, ttl):
+        calls.append(f"acquire {len(slots)}")
+        return await acquire_slots(slots, holder, ttl)
+
+    async def releasing(names, holder):
+        calls.append(f"release {len(names)}")
+        await release_slots(names, holder)
+
+    monkeypatch.setattr(broker, "acquire_slots", acquiring)
+    monkeypatch.setattr(broker, "release_slots", releasing)
+    app.state.live_model = live_model
+    chat_id = await new_chat(client, user)
+    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, "Slots."))
+    response = await post_turn(client, user, chat_id, {"content": "Read", "model_config_name": live_model})
+    await worker
+    assert response.status_code == 200, response.text
+    assert calls == ["acquire 2", "release 2"]
