@@ -350,13 +350,18 @@ class InMemoryBroker(Broker):
     async def acquire_slots(self, slots: Sequence[tuple[str, int]], holder: str, ttl: float) -> str | None:
         now = time.monotonic()
         live = {name: {h: t for h, t in self._slots.get(name, {}).items() if t > now} for name, _ in slots}
-        self._slots.update(live)
-        for name, limit in slots:
-            if holder not in live[name] and len(live[name]) >= limit:
-                return name
-        for name, _ in slots:
-            live[name][holder] = now + ttl
-        return None
+        full = next(
+            (name for name, limit in slots if holder not in live[name] and len(live[name]) >= limit), None
+        )
+        if full is None:
+            for holders in live.values():
+                holders[holder] = now + ttl
+        for name, holders in live.items():
+            if holders:
+                self._slots[name] = holders
+            else:
+                self._slots.pop(name, None)  # expired: not kept for a name nobody holds
+        return full
 
     async def release_slots(self, names: Sequence[str], holder: str) -> None:
         for name in names:
