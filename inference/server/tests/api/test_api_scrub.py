@@ -8,11 +8,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import event
 
 from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
 from oasst_inference_server.openai_api.openai_service import OpenAIService
 from tests.support.api import API
+from tests.support.sql_statements import recorded_statements
 
 pytestmark = API
 
@@ -58,23 +58,8 @@ async def chat_of(app, user_id: str) -> str:
     return chat.id
 
 
-@pytest.fixture
-def updates(app):
-    """The UPDATE statements the app sends while the test runs."""
-    seen: list[str] = []
-    engine = app.state.session_factory.kw["bind"].sync_engine
-
-    def record(conn, cursor, statement, params, context, executemany):
-        if statement.lstrip().upper().startswith("UPDATE"):
-            seen.append(statement)
-
-    event.listen(engine, "before_cursor_execute", record)
-    yield seen
-    event.remove(engine, "before_cursor_execute", record)
-
-
 @pytest.mark.parametrize("store", [False, True])
-async def test_an_answered_request_keeps_only_its_usage(app, user, other_user, updates, store) -> None:
+async def test_an_answered_request_keeps_only_its_usage(app, user, other_user, store) -> None:
     service: OpenAIService = app.state.openai_service
     if store:
         service = OpenAIService(
@@ -93,9 +78,9 @@ async def test_an_answered_request_keeps_only_its_usage(app, user, other_user, u
     kept = await add(app, user_id=user.id, chat_id=await chat_of(app, user.id), finished_at=old)
     others = await add(app, user_id=other_user.id)
 
-    updates.clear()
-    await service.scrub(answered)
-    assert len(updates) == 1
+    with recorded_statements(app) as statements:
+        await service.scrub(answered)
+    assert [s.split()[0] for s in statements] == ["UPDATE"]
 
     whole = ("the answer", "be brief", {"thread": [{"role": "user", "content": "the question"}]})
     erased = whole if store else (None, None, None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from sqlalchemy import event
 
 from tests.support.api import (
     API,
@@ -17,6 +16,7 @@ from tests.support.api import (
     finish_message,
     start_chat,
 )
+from tests.support.sql_statements import recorded_statements
 
 pytestmark = API
 
@@ -446,23 +446,11 @@ async def test_another_user_gets_404_and_anonymous_401(
 async def test_a_prompt_counts_its_chat_once(client, app, user):
     """The capacity count also tells whether the chat is empty (a first prompt needs no parent): no
     second query asks it."""
-    statements: list[str] = []
-    engine = app.state.session_factory.kw["bind"].sync_engine
-
-    def record(conn, cursor, statement, params, context, executemany):
-        statements.append(" ".join(statement.split()))
-
     chat_id = (await client.post("/chats", json={}, headers=user.headers)).json()["id"]
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        first = await client.post(
-            f"/chats/{chat_id}/prompter_message", json={"content": "a"}, headers=user.headers
-        )
-        second = await client.post(
-            f"/chats/{chat_id}/prompter_message", json={"content": "b"}, headers=user.headers
-        )
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
+    url = f"/chats/{chat_id}/prompter_message"
+    with recorded_statements(app) as statements:
+        first = await client.post(url, json={"content": "a"}, headers=user.headers)
+        second = await client.post(url, json={"content": "b"}, headers=user.headers)
     assert first.status_code == 200, first.text
     assert_error(second, 400, "parent_required")  # the count saw the first prompt
     probes = [s for s in statements if s.startswith("SELECT message.id FROM message WHERE message.chat_id")]

@@ -7,12 +7,11 @@ import asyncio
 import json
 from contextlib import aclosing
 
-from sqlalchemy import event
-
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.streams import event_reader
 from oasst_shared.protocol import GeneratedText
 from tests.support.api import API, MAX_MESSAGES_PER_CHAT, assert_error, finish_message, start_chat
+from tests.support.sql_statements import recorded_statements
 
 pytestmark = API
 
@@ -57,6 +56,17 @@ async def answer_as_a_worker(app, chat_id: str, text: str) -> str:
     done = GeneratedText(message_id=message_id, text=text, finish_reason="eos_token", generated_tokens=2)
     assert await lifecycle.complete("ws-turns", done)
     return message_id
+
+
+async def answered_turn(client, app, user, live_model: str, content: str, text: str):
+    """A turn in a new chat, answered with ``text`` by :func:`answer_as_a_worker`: its response."""
+    app.state.live_model = live_model
+    chat_id = await new_chat(client, user)
+    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, text))
+    response = await post_turn(client, user, chat_id, {"content": content, "model_config_name": live_model})
+    await worker
+    assert response.status_code == 200, response.text
+    return response
 
 
 async def test_a_turn_creates_both_messages_and_streams_the_answer(client, app, user, live_model):
@@ -158,11 +168,7 @@ async def test_an_answer_that_gets_a_worker_at_once_streams_without_a_queue_posi
         return await queue_position(message)
 
     monkeypatch.setattr(lifecycle, "queue_position", counted)
-    app.state.live_model = live_model
-    chat_id = await new_chat(client, user)
-    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, "At once."))
-    response = await post_turn(client, user, chat_id, {"content": "Quick", "model_config_name": live_model})
-    await worker
+    response = await answered_turn(client, app, user, live_model, "Quick", "At once.")
     stream = data_events(response.text)
     assert [e["event_type"] for e in stream] == ["created", "token", "token", "message"]
     assert asked == []
@@ -196,24 +202,8 @@ async def _connected() -> bool:
 async def test_a_turn_counts_its_chat_once(client, app, user, live_model):
     """The chat's size is counted once: the prompt's parent check and the answer's room and ticket
     reuse it."""
-    statements: list[str] = []
-    engine = app.state.session_factory.kw["bind"].sync_engine
-
-    def record(conn, cursor, statement, params, context, executemany):
-        statements.append(" ".join(statement.split()))
-
-    app.state.live_model = live_model
-    chat_id = await new_chat(client, user)
-    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, "Once."))
-    event.listen(engine, "before_cursor_execute", record)
-    try:
-        response = await post_turn(
-            client, user, chat_id, {"content": "Count", "model_config_name": live_model}
-        )
-    finally:
-        event.remove(engine, "before_cursor_execute", record)
-    await worker
-    assert response.status_code == 200, response.text
+    with recorded_statements(app) as statements:
+        response = await answered_turn(client, app, user, live_model, "Count", "Once.")
     assert data_events(response.text)[-1]["event_type"] == "message"
     counts = [s for s in statements if "sum(length(message.content))" in s]
     probes = [s for s in statements if s.startswith("SELECT message.id FROM message WHERE message.chat_id")]
@@ -237,10 +227,5 @@ async def test_a_turn_takes_and_gives_back_its_reader_slots_in_one_call_each(
 
     monkeypatch.setattr(broker, "acquire_slots", acquiring)
     monkeypatch.setattr(broker, "release_slots", releasing)
-    app.state.live_model = live_model
-    chat_id = await new_chat(client, user)
-    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, "Slots."))
-    response = await post_turn(client, user, chat_id, {"content": "Read", "model_config_name": live_model})
-    await worker
-    assert response.status_code == 200, response.text
+    await answered_turn(client, app, user, live_model, "Read", "Slots.")
     assert calls == ["acquire 2", "release 2"]
