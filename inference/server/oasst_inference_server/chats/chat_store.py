@@ -37,6 +37,23 @@ async def get_chat_message(session: AsyncSession, chat: DbChat, message_id: str)
     return message
 
 
+async def get_own_chat_message(
+    session: AsyncSession, user: DbUser, chat_id: str, message_id: str
+) -> DbMessage:
+    """:func:`get_own_chat` then :func:`get_chat_message` (the same errors), in one query."""
+    in_chat = and_(DbMessage.id == message_id, DbMessage.chat_id == DbChat.id)
+    row = (
+        await session.exec(
+            select(DbChat, DbMessage).outerjoin(DbMessage, in_chat).where(DbChat.id == chat_id)
+        )
+    ).first()
+    if row is None or row[0].user_id != user.id:
+        raise not_found("chat")
+    if row[1] is None:
+        raise not_found("message")
+    return row[1]
+
+
 async def get_parent_message(session: AsyncSession, chat: DbChat, parent_id: str) -> DbMessage:
     """The message of ``chat`` a new message answers (``InvalidRequest`` if it is not in the chat)."""
     parent = await session.get(DbMessage, parent_id)

@@ -26,6 +26,7 @@ from oasst_inference_server.chats.chat_store import (
     create_user_chat,
     get_chat_message,
     get_own_chat,
+    get_own_chat_message,
     list_user_chats,
     message_read_with_feedback,
     to_chat_list_read,
@@ -254,8 +255,7 @@ async def message_events(
 
     Every stored event carries an id; reconnect with ``Last-Event-ID`` to get the rest, once.
     """
-    chat = await get_own_chat(session, user, chat_id)
-    message = await get_chat_message(session, chat, message_id)
+    message = await get_own_chat_message(session, user, chat_id, message_id)
     if last_event_id is not None and not is_stream_id(last_event_id):
         raise InvalidRequest(
             "invalid_last_event_id", f"Last-Event-ID {last_event_id[:40]!r} is not an event id"
