@@ -21,6 +21,7 @@ Tiny mode (CI) skips LiteLLM (its install takes minutes) and profiles one unmet 
     python -m bench.relay_targets              # full
     python -m bench.relay_targets --tiny       # CI: seconds, without LiteLLM
     python -m bench.relay_targets --cpu-only   # the tokens per CPU-second alone (a few minutes)
+    python -m bench.relay_targets --skip-litellm --ttft-only --rounds 50   # the one-stream TTFT alone
 """
 
 from __future__ import annotations
@@ -231,6 +232,8 @@ async def run(args: argparse.Namespace) -> Report:
                 )
                 print("time to first token: done", flush=True)
                 _ttft_report(report, {name: summarize(results) for name, results in ttft.items()})
+                if args.ttft_only:
+                    return report
 
             # ---------------------------------------------------------- tokens per CPU-second
             cpu_runs: dict[tuple[int, str], CpuRun] = {}
@@ -509,6 +512,11 @@ def main() -> None:
         "--cpu-only",
         action="store_true",
         help="only the tokens per CPU-second (ours and the bare relay): no TTFT rounds, LiteLLM or profiles",
+    )
+    p.add_argument(
+        "--ttft-only",
+        action="store_true",
+        help="only the one-stream TTFT measurement (no CPU runs, no profiles)",
     )
     p.add_argument("--litellm-venv", type=Path, default=DEFAULT_VENV)
     main_wrapper(run, p.parse_args())

@@ -21,6 +21,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from oasst_inference_server.admission.capabilities import check_capabilities
 from oasst_inference_server.admission.limits import (
     check_chat_capacity,
+    check_chat_room,
     check_message_length,
     check_queue_capacity,
 )
@@ -62,13 +63,24 @@ class SubmissionService:
         self._handoff = handoff
 
     async def admit(
-        self, session: AsyncSession, user_id: str, model_name: str, *, chat_id: str | None = None
+        self,
+        session: AsyncSession,
+        user_id: str,
+        model_name: str,
+        *,
+        chat_id: str | None = None,
+        chat_size: ChatSize | None = None,
     ) -> ChatSize | None:
         """May the user start a generation now (``RateLimited``), has the chat room for one more message
-        (``Conflict``), has the model's queue room (``ServiceUnavailable``)? Counted in the database.
-        Returns the chat's size, which the new message's ticket needs (None without a chat)."""
+        (``Conflict``), has the model's queue room (``ServiceUnavailable``)? Counted in the database
+        (the chat's ``chat_size`` only if the caller does not know it). Returns the chat's size, which
+        the new message's ticket needs (None without a chat)."""
         await check_generation_limits(session, self._settings, user_id)
-        size = await check_chat_capacity(session, self._settings, chat_id) if chat_id is not None else None
+        size = chat_size
+        if size is not None:
+            check_chat_room(self._settings, size)
+        elif chat_id is not None:
+            size = await check_chat_capacity(session, self._settings, chat_id)
         await check_queue_capacity(session, self._settings, model_name)
         return size
 
@@ -151,10 +163,14 @@ class SubmissionService:
         if not request.content.strip():
             raise InvalidValue("empty_message", "the message is empty")
         check_message_length(self._settings, request.content)
-        await check_chat_capacity(session, self._settings, chat.id)
-        prompt = await stage_prompter_message(session, chat, request.parent_id, request.content)
+        size = await check_chat_capacity(session, self._settings, chat.id)
+        prompt = await stage_prompter_message(session, chat, request.parent_id, request.content, size=size)
+        # The chat as the answer finds it: counted above, plus the prompt (no second count).
+        with_prompt = ChatSize(size.messages + 1, size.characters + len(request.content))
         try:
-            answer = await self._answer(session, user, chat, prompt, request, requested, answer_id)
+            answer = await self._answer(
+                session, user, chat, prompt, request, requested, answer_id, chat_size=with_prompt
+            )
         except BaseException:
             await session.rollback()
             raise
@@ -169,11 +185,12 @@ class SubmissionService:
         request: CreateAssistantMessageRequest | CreateTurnRequest,
         requested: SchedulingRequest,
         message_id: str | None = None,
+        chat_size: ChatSize | None = None,
     ) -> DbMessage:
         model = await self._chat_model(request.model_config_name)
         check_capabilities(request.sampling_parameters, model)
         check_system_prompt(self._settings, request.system_prompt)
-        size = await self.admit(session, user.id, model.config.name, chat_id=chat.id)
+        size = await self.admit(session, user.id, model.config.name, chat_id=chat.id, chat_size=chat_size)
         message = DbMessage(
             id=message_id or new_id(),
             chat_id=chat.id,

@@ -8,7 +8,7 @@ written as the JSON the model is asked to answer with, and a tool's result becom
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from loguru import logger
 
@@ -22,14 +22,17 @@ from oasst_shared.model_configs import ModelConfig
 from oasst_shared.protocol import ChatTurn, Work
 from oasst_shared.tool_calls import ToolDefinition
 from oasst_worker.backends.protocols import GenerationBackend
+from oasst_worker.prompt_tokens import token_bound
 
 
 @dataclass(frozen=True)
 class Prompt:
     text: str
+    # The exact count, or (``exact`` False) an upper bound: enough to know the prompt fits.
     tokens: int
     # For backends that apply the chat template themselves: the conversation the text was rendered from.
     messages: list[ChatTurn] | None = None
+    exact: bool = True
 
 
 class PromptBuilder:
@@ -64,9 +67,24 @@ class PromptBuilder:
         counted = await self._backend.count_tokens(text)
         return counted if counted is not None else approximate_token_count(text)
 
+    async def counted(self, prompt: Prompt) -> Prompt:
+        """``prompt`` with its exact token count."""
+        if prompt.exact:
+            return prompt
+        return replace(prompt, tokens=await self.count_tokens(prompt.text), exact=True)
+
+    async def _size(self, text: str) -> int:
+        """A candidate prompt's size for truncation: its bound when that fits the input limit (it then
+        fits, whatever the exact count), else the exact count."""
+        bound = token_bound(text)
+        if bound <= self._config.max_input_length:
+            return bound
+        return await self.count_tokens(text)
+
     async def build(self, work: Work) -> Prompt:
+        """The prompt; its ``tokens`` may be only an upper bound (``exact`` False): see :meth:`counted`."""
         if work.raw_prompt is not None:
-            return Prompt(work.raw_prompt, await self.count_tokens(work.raw_prompt))
+            return Prompt(work.raw_prompt, token_bound(work.raw_prompt), exact=False)
         thread, system_prompt, tools = list(work.thread), work.system_prompt, None
         offered = work.tools if work.tools and work.tool_choice != "none" else None
         if self._backend.takes_messages:
@@ -82,7 +100,7 @@ class PromptBuilder:
             self.template,
             thread,
             max_input_tokens=self._config.max_input_length,
-            count_tokens=self.count_tokens,
+            count_tokens=self._size,
             system_prompt=system_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
@@ -91,7 +109,8 @@ class PromptBuilder:
         if rendered.dropped_turns:
             logger.info("message {}: dropped {} old turns to fit", work.message_id, rendered.dropped_turns)
         messages = _kept_messages(work, rendered.dropped_turns) if self._backend.takes_messages else None
-        return Prompt(rendered.text, rendered.prompt_tokens, messages)
+        bounded = token_bound(rendered.text) <= self._config.max_input_length  # as _size decided
+        return Prompt(rendered.text, rendered.prompt_tokens, messages, exact=not bounded)
 
 
 def _kept_messages(work: Work, dropped_turns: int) -> list[ChatTurn]:

@@ -29,7 +29,11 @@ def check_message_length(settings: Settings, content: str) -> None:
 
 async def check_chat_capacity(session: AsyncSession, settings: Settings, chat_id: str) -> ChatSize:
     """``Conflict`` if the chat is full; else its size (a new answer's ticket needs its length)."""
-    size = await chat_size(session, chat_id)
+    return check_chat_room(settings, await chat_size(session, chat_id))
+
+
+def check_chat_room(settings: Settings, size: ChatSize) -> ChatSize:
+    """``Conflict`` if a chat of ``size`` is full; else ``size``."""
     if size.messages >= settings.max_messages_per_chat:
         raise Conflict(
             "chat_full",

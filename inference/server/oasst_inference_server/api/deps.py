@@ -7,7 +7,7 @@ HTTP requests and websockets alike.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Annotated, Any
 
 from fastapi import Depends
@@ -42,11 +42,12 @@ from oasst_inference_server.submission import SubmissionService
 from oasst_shared.schemas import SchedulingRequest
 
 
-def _from_app_state(name: str) -> Callable[[HTTPConnection], Any]:
-    """A dependency that returns what the lifespan stored as ``app.state.<name>``."""
+def _from_app_state(name: str) -> Callable[[HTTPConnection], Awaitable[Any]]:
+    """A dependency that returns what the lifespan stored as ``app.state.<name>``.
 
-    # async: FastAPI runs a plain ``def`` dependency in its thread pool, a thread hop (a lock, a
-    # condition, two thread switches) per dependency per request for what is a getattr.
+    A coroutine function although it never awaits: FastAPI runs a plain function dependency in its
+    thread pool, a hand-off to a thread and back for every one of them on every request."""
+
     async def dependency(connection: HTTPConnection) -> Any:
         return getattr(connection.app.state, name)
 

@@ -26,7 +26,7 @@ The broker holds only what can be rebuilt from the database (rule 1 of docs/arch
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
 
@@ -218,11 +218,20 @@ class Broker(abc.ABC):
         """Release the lock if ``owner`` holds it."""
 
     # ------------------------------------------------------------ slots
-    @abc.abstractmethod
     async def acquire_slot(self, name: str, holder: str, limit: int, ttl: float) -> bool:
         """Take (or extend) one of ``limit`` slots of ``name`` for ``holder`` for ``ttl`` seconds; False
         when ``limit`` other unexpired holders have one. Extending a held slot always succeeds."""
+        return await self.acquire_slots([(name, limit)], holder, ttl) is None
 
     @abc.abstractmethod
+    async def acquire_slots(self, slots: Sequence[tuple[str, int]], holder: str, ttl: float) -> str | None:
+        """As :meth:`acquire_slot` for every ``(name, limit)`` of ``slots`` at once (one round trip), all
+        or none: None when ``holder`` has them all, else the name of a full one (and none is taken)."""
+
     async def release_slot(self, name: str, holder: str) -> None:
         """Give the slot back (nothing happens when ``holder`` has none)."""
+        await self.release_slots([name], holder)
+
+    @abc.abstractmethod
+    async def release_slots(self, names: Sequence[str], holder: str) -> None:
+        """As :meth:`release_slot` for each of ``names``, at once."""

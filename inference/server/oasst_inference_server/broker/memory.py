@@ -11,7 +11,7 @@ import bisect
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -377,22 +377,29 @@ class InMemoryBroker(Broker):
             del self._locks[name]
 
     # ------------------------------------------------------------ slots
-    async def acquire_slot(self, name: str, holder: str, limit: int, ttl: float) -> bool:
+    async def acquire_slots(self, slots: Sequence[tuple[str, int]], holder: str, ttl: float) -> str | None:
         now = time.monotonic()
-        holders = {h: t for h, t in self._slots.get(name, {}).items() if t > now}
-        if holder not in holders and len(holders) >= limit:
-            self._slots[name] = holders
-            return False
-        holders[holder] = now + ttl
-        self._slots[name] = holders
-        return True
+        live = {name: {h: t for h, t in self._slots.get(name, {}).items() if t > now} for name, _ in slots}
+        full = next(
+            (name for name, limit in slots if holder not in live[name] and len(live[name]) >= limit), None
+        )
+        if full is None:
+            for holders in live.values():
+                holders[holder] = now + ttl
+        for name, holders in live.items():
+            if holders:
+                self._slots[name] = holders
+            else:
+                self._slots.pop(name, None)  # expired: not kept for a name nobody holds
+        return full
 
-    async def release_slot(self, name: str, holder: str) -> None:
-        holders = self._slots.get(name)
-        if holders is not None:
-            holders.pop(holder, None)
-            if not holders:
-                del self._slots[name]
+    async def release_slots(self, names: Sequence[str], holder: str) -> None:
+        for name in names:
+            holders = self._slots.get(name)
+            if holders is not None:
+                holders.pop(holder, None)
+                if not holders:
+                    del self._slots[name]
 
 
 def _resolve(future: asyncio.Future[QueuedHint | None], value: QueuedHint | None) -> None:

@@ -23,7 +23,7 @@ import enum
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Literal, TypeVar
 from urllib.parse import urlsplit, urlunsplit
@@ -112,14 +112,20 @@ return #KEYS
 
 # KEYS[1]: the slots' sorted set; ARGV: holder, limit, ttl ms. Expired holders go first; Redis' own
 # clock stamps the expiries, so replicas with skewed clocks agree.
-_ACQUIRE_SLOT = """
+# KEYS: the slots' sorted sets; ARGV: holder, ttl in ms, then each key's limit. All or none: 0 when the
+# holder has them all, else the (1-based) index of a full one.
+_ACQUIRE_SLOTS = """
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now_ms)
-if redis.call('ZSCORE', KEYS[1], ARGV[1]) or redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[2]) then
-    redis.call('ZADD', KEYS[1], now_ms + tonumber(ARGV[3]), ARGV[1])
-    redis.call('PEXPIRE', KEYS[1], ARGV[3])
-    return 1
+for i, key in ipairs(KEYS) do
+    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
+    if not redis.call('ZSCORE', key, ARGV[1]) and redis.call('ZCARD', key) >= tonumber(ARGV[2 + i]) then
+        return i
+    end
+end
+for _, key in ipairs(KEYS) do
+    redis.call('ZADD', key, now_ms + tonumber(ARGV[2]), ARGV[1])
+    redis.call('PEXPIRE', key, ARGV[2])
 end
 return 0
 """
@@ -223,7 +229,7 @@ class RedisBroker(Broker):
         self._release_lock = self._client.register_script(_RELEASE_LOCK)
         self._delete_stream = self._client.register_script(_DELETE_STREAM)
         self._append_events = self._client.register_script(_APPEND_EVENTS)
-        self._acquire_slot = self._client.register_script(_ACQUIRE_SLOT)
+        self._acquire_slots = self._client.register_script(_ACQUIRE_SLOTS)
         self._fair_push = self._client.register_script(fair_lua.PUSH)
         self._fair_pop = self._client.register_script(fair_lua.POP)
         self._fair_wait = self._client.register_script(fair_lua.WAIT)
@@ -350,7 +356,7 @@ class RedisBroker(Broker):
             logger.warning("a hint handed to a popper that gave up was not given back: {!r}", exc)
 
     async def serve_now(self, queue: str, *, user: str, cost: float) -> bool:
-        with _translated("serve now"):
+        with translated("serve now"):
             served = await self._fair_serve_now(
                 keys=[self.keys.queue(queue)], args=[user, repr(float(cost)), repr(self.fair_credit)]
             )
@@ -547,14 +553,20 @@ class RedisBroker(Broker):
             await self._release_lock(keys=[self.keys.lock(name)], args=[owner])
 
     # ------------------------------------------------------------ slots
-    async def acquire_slot(self, name: str, holder: str, limit: int, ttl: float) -> bool:
+    async def acquire_slots(self, slots: Sequence[tuple[str, int]], holder: str, ttl: float) -> str | None:
+        keys = [self.keys.slots(name) for name, _ in slots]
         with translated("slot acquire"):
-            taken = await self._acquire_slot(keys=[self.keys.slots(name)], args=[holder, limit, ms(ttl)])
-        return bool(taken)
+            full = await self._acquire_slots(
+                keys=keys, args=[holder, ms(ttl), *(limit for _, limit in slots)]
+            )
+        return slots[int(full) - 1][0] if full else None
 
-    async def release_slot(self, name: str, holder: str) -> None:
+    async def release_slots(self, names: Sequence[str], holder: str) -> None:
         with translated("slot release"):
-            await self._client.zrem(self.keys.slots(name), holder)
+            async with self._client.pipeline(transaction=False) as pipe:
+                for name in names:
+                    pipe.zrem(self.keys.slots(name), holder)
+                await pipe.execute()
 
 
 class _Commands:

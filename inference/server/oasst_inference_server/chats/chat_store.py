@@ -37,6 +37,23 @@ async def get_chat_message(session: AsyncSession, chat: DbChat, message_id: str)
     return message
 
 
+async def get_own_chat_message(
+    session: AsyncSession, user: DbUser, chat_id: str, message_id: str
+) -> DbMessage:
+    """:func:`get_own_chat` then :func:`get_chat_message` (the same errors), in one query."""
+    in_chat = and_(DbMessage.id == message_id, DbMessage.chat_id == DbChat.id)
+    row = (
+        await session.exec(
+            select(DbChat, DbMessage).outerjoin(DbMessage, in_chat).where(DbChat.id == chat_id)
+        )
+    ).first()
+    if row is None or row[0].user_id != user.id:
+        raise not_found("chat")
+    if row[1] is None:
+        raise not_found("message")
+    return row[1]
+
+
 async def get_parent_message(session: AsyncSession, chat: DbChat, parent_id: str) -> DbMessage:
     """The message of ``chat`` a new message answers (``InvalidRequest`` if it is not in the chat)."""
     parent = await session.get(DbMessage, parent_id)
@@ -138,23 +155,28 @@ async def create_user_chat(session: AsyncSession, user: DbUser, title: str | Non
 
 
 async def add_prompter_message(
-    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str
+    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str, *, size: ChatSize | None = None
 ) -> DbMessage:
     """Add the user's message (committed): the chat's first message, or a reply to a finished assistant
-    message of the chat (``InvalidRequest`` otherwise). It becomes the tail of the chat's active thread."""
-    message = await stage_prompter_message(session, chat, parent_id, content)
+    message of the chat (``InvalidRequest`` otherwise). It becomes the tail of the chat's active thread.
+    ``size``: as for :func:`stage_prompter_message`."""
+    message = await stage_prompter_message(session, chat, parent_id, content, size=size)
     await session.commit()
     return message
 
 
 async def stage_prompter_message(
-    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str
+    session: AsyncSession, chat: DbChat, parent_id: str | None, content: str, *, size: ChatSize | None = None
 ) -> DbMessage:
-    """As :func:`add_prompter_message`, flushed but not committed: the caller commits it with more."""
+    """As :func:`add_prompter_message`, flushed but not committed: the caller commits it with more.
+    ``size``: the chat's, if the caller has just counted it (whether the chat is empty is then known)."""
     if parent_id is None:
-        has_root = (
-            await session.exec(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
-        ).first()
+        if size is not None:
+            has_root = size.messages > 0
+        else:
+            has_root = (
+                await session.exec(select(DbMessage.id).where(DbMessage.chat_id == chat.id).limit(1))
+            ).first() is not None
         if has_root:
             raise InvalidRequest("parent_required", "the chat already has messages: give parent_id")
     else:

@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import anyio
 from loguru import logger
 from pydantic import TypeAdapter
-from sqlalchemy import null, or_, update
+from sqlalchemy import case, null, or_, update
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -329,34 +329,23 @@ class OpenAIService:
 
     # ------------------------------------------------------------ what is kept
     async def scrub(self, message: DbMessage) -> None:
-        """Erase the content of one answered request (and of the user's older ones left behind)."""
-        store = self.settings.store_api_conversations
+        """Erase the content of one answered request (and of the user's older ones left behind).
+
+        One statement: the results always, and without ``store_api_conversations`` the text of the
+        requests that are not kept as chats."""
         swept_before = utcnow() - _SWEEP_AGE
+        owned = (DbMessage.user_id == message.user_id) & DbMessage.kind.in_(API_KINDS)
+        finished = DbMessage.state.in_(_TERMINAL_STATES)
+        this_or_old = (DbMessage.id == message.id) | (DbMessage.finished_at < swept_before)
+        left = DbMessage.result_payload.is_not(None)
+        values: dict[str, Any] = {"result_payload": null()}  # SQL NULL, not JSON null
+        if not self.settings.store_api_conversations:
+            unkept = DbMessage.chat_id.is_(None)
+            text = (DbMessage.content, DbMessage.request_payload, DbMessage.system_prompt)
+            left = left | (unkept & or_(*(column.is_not(None) for column in text)))
+            values.update({column.key: case((unkept, null()), else_=column) for column in text})
         async with self._sessions() as session:
-            owned = (DbMessage.user_id == message.user_id) & DbMessage.kind.in_(API_KINDS)
-            finished = DbMessage.state.in_(_TERMINAL_STATES)
-            this_or_old = (DbMessage.id == message.id) | (DbMessage.finished_at < swept_before)
-            await session.exec(
-                update(DbMessage)
-                .where(owned, finished, this_or_old, DbMessage.result_payload.is_not(None))
-                .values(result_payload=null())  # SQL NULL, not JSON null
-            )
-            if not store:
-                await session.exec(
-                    update(DbMessage)
-                    .where(
-                        owned,
-                        finished,
-                        this_or_old,
-                        DbMessage.chat_id.is_(None),
-                        or_(
-                            DbMessage.content.is_not(None),
-                            DbMessage.request_payload.is_not(None),
-                            DbMessage.system_prompt.is_not(None),
-                        ),
-                    )
-                    .values(content=None, request_payload=null(), system_prompt=None)
-                )
+            await session.exec(update(DbMessage).where(owned, finished, this_or_old, left).values(**values))
             await session.commit()
 
     async def embeddings_of(self, message: DbMessage) -> tuple[list[list[float]], int]:

@@ -18,6 +18,7 @@ from oasst_inference_server.streams.sse import SseEvent
 from oasst_shared.schemas import MessageState
 
 _TERMINAL_GRACE_SECONDS = 2.0
+FIRST_PENDING_WAIT = 0.2  # seconds a new reader of a pending message waits for an event before its position
 
 
 async def read_message_events(
@@ -34,25 +35,30 @@ async def read_message_events(
     in one write to its client rather than one per token. Stored events come from the broker stream
     after ``after``, through this process's one reader of that stream (:mod:`.fanout`); while the
     message waits, a ``pending`` event with its queue position (its place in the fair queue's dispatch
-    order) and estimated wait is added every ``pending_update_interval``; it ends after exactly one
-    terminal event, rebuilt from the database when the stream has expired. ``message`` is the message
-    as the caller just read or created it (its state decides whether a ``pending`` event comes first).
+    order) and estimated wait is added every ``pending_update_interval``, the first one as soon as a
+    new reader has waited ``FIRST_PENDING_WAIT`` for its first event; it ends after exactly one terminal
+    event, rebuilt from the database when the stream has expired. ``message`` is the message as the
+    caller just read or created it.
     """
     message_id = message.id
     stream = events.stream_name(message_id)
+    wait = settings.pending_update_interval
     if message.state == MessageState.pending and after is None:
-        yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
+        # A message that gets a worker at once needs no queue position: working it out (the queue, the
+        # workers, the database) would only compete with the claim on the way to the first token.
+        wait = min(wait, FIRST_PENDING_WAIT)
     if after is not None and (gap := await _gap_event(fanout.broker, stream, after)) is not None:
         yield [{"data": gap}]
     async with fanout.subscribe(stream, after) as subscription:
         while True:
             try:
-                entries = await subscription.read(timeout=settings.pending_update_interval)
+                entries = await subscription.read(timeout=wait)
             except BrokerError as exc:
                 # Redis is down: keep the reader, follow the database until it is back.
                 logger.warning("event stream of {} unavailable: {}", message_id, exc)
                 await asyncio.sleep(settings.pending_update_interval)
                 entries = []
+            wait = settings.pending_update_interval
             if entries:
                 batch, ended = _up_to_terminal(entries)
                 yield batch

@@ -30,15 +30,8 @@ class ReaderLease:
         self.holder = uuid.uuid4().hex
 
     async def _take(self) -> str | None:
-        """Take every slot, or none: the name of the full one."""
-        taken: list[str] = []
-        for name, limit in self._names:
-            if not await self._broker.acquire_slot(name, self.holder, limit, READER_SLOT_TTL):
-                for held in taken:
-                    await self._broker.release_slot(held, self.holder)
-                return name
-            taken.append(name)
-        return None
+        """Take every slot, or none: the name of the full one. One broker call for all of them."""
+        return await self._broker.acquire_slots(self._names, self.holder, READER_SLOT_TTL)
 
     async def _refresh(self) -> None:
         while True:
@@ -47,9 +40,8 @@ class ReaderLease:
                 await self._broker.acquire_slot(name, self.holder, limit, READER_SLOT_TTL)
 
     async def release(self) -> None:
-        for name, _ in self._names:
-            with contextlib.suppress(Exception):  # the slot expires by itself if the broker is away
-                await self._broker.release_slot(name, self.holder)
+        with contextlib.suppress(Exception):  # the slots expire by themselves if the broker is away
+            await self._broker.release_slots([name for name, _ in self._names], self.holder)
 
     @contextlib.asynccontextmanager
     async def held(self) -> AsyncIterator[None]:

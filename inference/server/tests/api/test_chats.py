@@ -16,6 +16,7 @@ from tests.support.api import (
     finish_message,
     start_chat,
 )
+from tests.support.sql_statements import recorded_statements
 
 pytestmark = API
 
@@ -440,3 +441,41 @@ async def test_another_user_gets_404_and_anonymous_401(
     assert_error(await client.request(method, unknown, headers=user.headers, **kwargs), 404)
     # And the owner still has the chat.
     assert (await client.get(f"/chats/{conv.chat_id}", headers=user.headers)).status_code == 200
+
+
+async def test_a_prompt_counts_its_chat_once(client, app, user):
+    """The capacity count also tells whether the chat is empty (a first prompt needs no parent): no
+    second query asks it."""
+    chat_id = (await client.post("/chats", json={}, headers=user.headers)).json()["id"]
+    url = f"/chats/{chat_id}/prompter_message"
+    with recorded_statements(app) as statements:
+        first = await client.post(url, json={"content": "a"}, headers=user.headers)
+        second = await client.post(url, json={"content": "b"}, headers=user.headers)
+    assert first.status_code == 200, first.text
+    assert_error(second, 400, "parent_required")  # the count saw the first prompt
+    probes = [s for s in statements if s.startswith("SELECT message.id FROM message WHERE message.chat_id")]
+    assert probes == []
+
+
+async def test_an_events_request_looks_its_chat_and_message_up_in_one_query(
+    client, app, user, other_user, live_model
+):
+    conv = await start_chat(client, user, model=live_model)
+    other_chat = await start_chat(client, user, model=live_model)
+    events = f"/chats/{conv.chat_id}/messages/{{}}/events"
+    # The errors of the two lookups it replaces: whose chat, then whether the message is in it.
+    assert_error(
+        await client.get(events.format(conv.assistant_id), headers=other_user.headers), 404, "chat_not_found"
+    )
+    missing = "00000000-0000-0000-0000-000000000000"
+    assert_error(await client.get(events.format(missing), headers=user.headers), 404, "message_not_found")
+    elsewhere = events.format(other_chat.assistant_id)
+    assert_error(await client.get(elsewhere, headers=user.headers), 404, "message_not_found")
+    await finish_message(app, conv.assistant_id)
+    with recorded_statements(app) as statements:
+        response = await client.get(events.format(conv.assistant_id), headers=user.headers, timeout=30)
+    assert response.status_code == 200, response.text
+    assert '"event_type":"message"' in response.text
+    lookups = [s for s in statements if s.startswith("SELECT") and "FROM chat" in s]
+    assert len(lookups) == 1 and "JOIN message" in lookups[0]
+    await finish_message(app, other_chat.assistant_id)

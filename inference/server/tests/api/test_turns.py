@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import json
+from contextlib import aclosing
 
 from oasst_inference_server.dispatch import events
+from oasst_inference_server.streams import event_reader
 from oasst_shared.protocol import GeneratedText
-from tests.support.api import API, MAX_MESSAGES_PER_CHAT, assert_error, finish_message
+from tests.support.api import API, MAX_MESSAGES_PER_CHAT, assert_error, finish_message, start_chat
+from tests.support.sql_statements import recorded_statements
 
 pytestmark = API
 
@@ -53,6 +56,17 @@ async def answer_as_a_worker(app, chat_id: str, text: str) -> str:
     done = GeneratedText(message_id=message_id, text=text, finish_reason="eos_token", generated_tokens=2)
     assert await lifecycle.complete("ws-turns", done)
     return message_id
+
+
+async def answered_turn(client, app, user, live_model: str, content: str, text: str):
+    """A turn in a new chat, answered with ``text`` by :func:`answer_as_a_worker`: its response."""
+    app.state.live_model = live_model
+    chat_id = await new_chat(client, user)
+    worker = asyncio.create_task(answer_as_a_worker(app, chat_id, text))
+    response = await post_turn(client, user, chat_id, {"content": content, "model_config_name": live_model})
+    await worker
+    assert response.status_code == 200, response.text
+    return response
 
 
 async def test_a_turn_creates_both_messages_and_streams_the_answer(client, app, user, live_model):
@@ -137,3 +151,81 @@ async def test_a_turn_that_would_overfill_the_chat_is_refused_whole(client, app,
     assert_error(full, 409, "chat_full")
     assert len(await chat_messages(client, user, chat_id)) == MAX_MESSAGES_PER_CHAT
     await finish_message(app, parent)
+
+
+async def test_an_answer_that_gets_a_worker_at_once_streams_without_a_queue_position(
+    client, app, user, live_model, monkeypatch
+):
+    # The reader gives the worker this long before it works out a queue position: longer than the
+    # worker below takes, however loaded the machine.
+    monkeypatch.setattr(event_reader, "FIRST_PENDING_WAIT", 10.0)
+    lifecycle = app.state.lifecycle
+    asked: list[str] = []
+    queue_position = lifecycle.queue_position
+
+    async def counted(message):
+        asked.append(message.id)
+        return await queue_position(message)
+
+    monkeypatch.setattr(lifecycle, "queue_position", counted)
+    response = await answered_turn(client, app, user, live_model, "Quick", "At once.")
+    stream = data_events(response.text)
+    assert [e["event_type"] for e in stream] == ["created", "token", "token", "message"]
+    assert asked == []
+
+
+async def test_an_answer_that_waits_gets_its_queue_position_after_the_first_wait(
+    app, user, client, live_model, monkeypatch
+):
+    monkeypatch.setattr(event_reader, "FIRST_PENDING_WAIT", 0.05)
+    conversation = await start_chat(client, user, model=live_model)
+    assert conversation.assistant_id is not None
+    lifecycle, settings = app.state.lifecycle, app.state.settings
+    assert settings.pending_update_interval >= 0.5
+    message = await lifecycle.get(conversation.assistant_id)
+    reader = event_reader.read_message_events(
+        lifecycle, app.state.stream_fanout, settings, message.id, None, _connected, message
+    )
+    started = asyncio.get_running_loop().time()
+    async with aclosing(reader) as batches:
+        first = await asyncio.wait_for(anext(batches), 10)
+    waited = asyncio.get_running_loop().time() - started
+    assert [json.loads(e["data"])["event_type"] for e in first] == ["pending"]
+    assert 0.05 <= waited < settings.pending_update_interval
+    await finish_message(app, message.id)
+
+
+async def _connected() -> bool:
+    return False
+
+
+async def test_a_turn_counts_its_chat_once(client, app, user, live_model):
+    """The chat's size is counted once: the prompt's parent check and the answer's room and ticket
+    reuse it."""
+    with recorded_statements(app) as statements:
+        response = await answered_turn(client, app, user, live_model, "Count", "Once.")
+    assert data_events(response.text)[-1]["event_type"] == "message"
+    counts = [s for s in statements if "sum(length(message.content))" in s]
+    probes = [s for s in statements if s.startswith("SELECT message.id FROM message WHERE message.chat_id")]
+    assert len(counts) == 1 and probes == []
+
+
+async def test_a_turn_takes_and_gives_back_its_reader_slots_in_one_call_each(
+    client, app, user, live_model, monkeypatch
+):
+    broker = app.state.broker
+    calls: list[str] = []
+    acquire_slots, release_slots = broker.acquire_slots, broker.release_slots
+
+    async def acquiring(slots, holder, ttl):
+        calls.append(f"acquire {len(slots)}")
+        return await acquire_slots(slots, holder, ttl)
+
+    async def releasing(names, holder):
+        calls.append(f"release {len(names)}")
+        await release_slots(names, holder)
+
+    monkeypatch.setattr(broker, "acquire_slots", acquiring)
+    monkeypatch.setattr(broker, "release_slots", releasing)
+    await answered_turn(client, app, user, live_model, "Read", "Slots.")
+    assert calls == ["acquire 2", "release 2"]

@@ -149,3 +149,16 @@ async def test_slots_cap_holders_and_expire(broker: Broker) -> None:
     while not await broker.acquire_slot("readers", "d", 2, ttl=10):  # a's slot expires
         assert time.monotonic() < deadline, "the slot did not expire"
         await asyncio.sleep(0.05)
+
+
+async def test_several_slots_are_taken_all_or_none_at_once(broker: Broker) -> None:
+    both = [("sse-user:u", 2), ("sse-message:m", 1)]
+    assert await broker.acquire_slots(both, "a", ttl=10) is None
+    assert await broker.acquire_slots(both, "a", ttl=10) is None  # a holder extends its own
+    # The message's only slot is a's: b gets neither, and the user's second slot stays free.
+    assert await broker.acquire_slots(both, "b", ttl=10) == "sse-message:m"
+    assert await broker.acquire_slot("sse-user:u", "c", 2, ttl=10)
+    assert await broker.acquire_slots(both, "d", ttl=10) == "sse-user:u"  # full now too
+    await broker.release_slots(["sse-user:u", "sse-message:m"], "a")
+    await broker.release_slots(["sse-user:u", "sse-message:m"], "nobody")
+    assert await broker.acquire_slots(both, "b", ttl=10) is None

@@ -39,7 +39,10 @@ from oasst_worker import metrics
 from oasst_worker.backends.protocols import GenerationBackend
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult
 from oasst_worker.jobs.base import Send, WrongKindOfWork, backend_failure
+from oasst_worker.prompt_tokens import PromptCount
 from oasst_worker.prompting import PromptBuilder
+
+_CANCELLED_COUNT_WAIT = 1.0  # seconds
 
 
 class GenerationJobFactory:
@@ -78,7 +81,7 @@ class GenerationJob:
         self.cancel_requested = False
         self._text: list[str] = []
         self._generated = 0
-        self._prompt_tokens: int | None = None
+        self._prompt_count: PromptCount | None = None  # set once the prompt is built
         self._started = time.monotonic()
         self._first_token_at: float | None = None
         self._logprobs: list[TokenLogprob] = []  # of tokens whose text is not sent yet
@@ -110,7 +113,8 @@ class GenerationJob:
                 text="".join(self._text),
                 finish_reason="cancelled",
                 generated_tokens=self._generated,
-                prompt_tokens=self._prompt_tokens,
+                # A cancel may be for a backend that stopped answering: its count is not waited for long.
+                prompt_tokens=await self._prompt_tokens(wait=_CANCELLED_COUNT_WAIT),
                 tool_calls=self._tool_calls,
             )
         except BackendError as exc:
@@ -132,15 +136,24 @@ class GenerationJob:
         except ChatTemplateError as exc:
             await send(WorkerError(message_id=message_id, error=str(exc), retryable=False))
             return "prompt_error"
+        finally:
+            if self._prompt_count is not None:
+                self._prompt_count.cancel()  # no result needs it any more
         await send(result)
         return "cancelled" if result.finish_reason == "cancelled" else "complete"
 
     async def _generate(self, send: Send) -> GeneratedText:
         work = self.work
         prompt = await self._prompts.build(work)
-        self._prompt_tokens = prompt.tokens
         params = work.sampling_parameters
         max_new_tokens = self._config.cap_max_new_tokens(params.max_new_tokens, prompt.tokens)
+        if not prompt.exact and max_new_tokens < params.max_new_tokens:
+            # The bound would cut the answer short: the exact count decides how short.
+            prompt = await self._prompts.counted(prompt)
+            max_new_tokens = self._config.cap_max_new_tokens(params.max_new_tokens, prompt.tokens)
+        prompt_count = self._prompt_count = PromptCount(
+            prompt.text, prompt.tokens if prompt.exact else None, self._prompts.count_tokens
+        )
         stops = StopSequenceFilter([*params.stop, *self._config.stop_sequences])
         finish_reason: FinishReason = "length"
         tools = called_tools(work.tools or [], work.tool_choice) if work.tools else []
@@ -175,14 +188,15 @@ class GenerationJob:
                         held.append(stops.flush())
                     finish_reason = item.finish_reason
                     self._generated = max(self._generated, item.generated_tokens)
-                    if item.prompt_tokens is not None:  # the backend's own count beats our estimate
-                        self._prompt_tokens = item.prompt_tokens
+                    if item.prompt_tokens is not None:
+                        prompt_count.reported(item.prompt_tokens)
                     self._tool_calls = item.tool_calls
                     break
                 self._generated += 1
                 if self._first_token_at is None:
                     self._first_token_at = time.monotonic()
                     metrics.TIME_TO_FIRST_TOKEN.observe(self._first_token_at - self._started)
+                    prompt_count.start()  # not before: it would share the backend with the first token
                 metrics.TOKENS.inc()
                 if item.logprobs is not None:
                     self._logprobs.append(item.logprobs)
@@ -210,9 +224,12 @@ class GenerationJob:
             text="".join(self._text),
             finish_reason=finish_reason,
             generated_tokens=self._generated,
-            prompt_tokens=self._prompt_tokens,
+            prompt_tokens=await self._prompt_tokens(),
             tool_calls=self._tool_calls,
         )
+
+    async def _prompt_tokens(self, wait: float | None = None) -> int | None:
+        return await self._prompt_count.result(wait) if self._prompt_count is not None else None
 
     async def _emit(self, send: Send, text: str) -> None:
         if text:

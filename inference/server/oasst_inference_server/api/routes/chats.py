@@ -26,6 +26,7 @@ from oasst_inference_server.chats.chat_store import (
     create_user_chat,
     get_chat_message,
     get_own_chat,
+    get_own_chat_message,
     list_user_chats,
     message_read_with_feedback,
     to_chat_list_read,
@@ -126,8 +127,8 @@ async def create_prompter_message(
     if not body.content.strip():
         raise InvalidValue("empty_message", "the message is empty")
     check_message_length(settings, body.content)
-    await check_chat_capacity(session, settings, chat.id)
-    message = await add_prompter_message(session, chat, body.parent_id, body.content)
+    size = await check_chat_capacity(session, settings, chat.id)
+    message = await add_prompter_message(session, chat, body.parent_id, body.content, size=size)
     return to_message_read(message)
 
 
@@ -252,8 +253,7 @@ async def message_events(
 
     Every stored event carries an id; reconnect with ``Last-Event-ID`` to get the rest, once.
     """
-    chat = await get_own_chat(session, user, chat_id)
-    message = await get_chat_message(session, chat, message_id)
+    message = await get_own_chat_message(session, user, chat_id, message_id)
     if last_event_id is not None and not is_stream_id(last_event_id):
         raise InvalidRequest(
             "invalid_last_event_id", f"Last-Event-ID {last_event_id[:40]!r} is not an event id"

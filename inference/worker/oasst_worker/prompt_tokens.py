@@ -1,0 +1,65 @@
+"""How many tokens a prompt holds, without asking the backend when the answer does not depend on it.
+
+Counting exactly is a round trip to the backend's tokenizer, on the way to the first token. Most
+prompts do not need it: no tokenizer makes more tokens of a text than :func:`token_bound` (a byte-level
+BPE or byte-fallback token holds at least one byte; a tokenizer may add a few of its own, such as BOS),
+so a prompt whose bound fits the input limit fits, and a bound that leaves the requested answer whole
+leaves it whole. The exact count is then only for the usage report: :class:`PromptCount` asks for it
+while the answer streams, once its first token is out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from oasst_shared.chat_template import approximate_token_count
+
+# Tokens a tokenizer may add beyond one per byte of text: BOS/EOS, a SentencePiece dummy-prefix piece.
+ADDED_TOKENS = 8
+
+
+def token_bound(text: str) -> int:
+    """At least as many tokens as any tokenizer makes of ``text``."""
+    return len(text.encode("utf-8")) + ADDED_TOKENS
+
+
+class PromptCount:
+    """A prompt's token count for the usage report: known already, or counted in the background.
+
+    ``known`` None: the count is not known (only its bound was needed); ``count(text)`` runs in a task
+    of its own from :meth:`start`, which the job calls once the first token is out: the count then
+    shares the backend with the rest of the answer, not with its first token (a single-process backend
+    such as the bundled one serves both on one event loop).
+    """
+
+    def __init__(self, text: str, known: int | None, count: Callable[[str], Awaitable[int]]) -> None:
+        self._text = text
+        self._tokens = known
+        self._count = count
+        self._task: asyncio.Task[int] | None = None
+
+    def start(self) -> None:
+        if self._tokens is None and self._task is None:
+            self._task = asyncio.ensure_future(self._count(self._text))
+
+    def reported(self, tokens: int) -> None:
+        """The backend's own count, which beats ours."""
+        self._tokens = tokens
+        self.cancel()
+
+    async def result(self, wait: float | None = None) -> int:
+        """The count (started now if it was not); if the backend has not given it within ``wait``
+        seconds, the estimate the worker uses when the backend cannot count."""
+        if self._tokens is None:
+            self.start()
+            assert self._task is not None
+            done, _ = await asyncio.wait([self._task], timeout=wait)
+            self._tokens = self._task.result() if done else approximate_token_count(self._text)
+            self.cancel()
+        return self._tokens
+
+    def cancel(self) -> None:
+        """Stop counting (the job ends without a result, or the backend told us)."""
+        if self._task is not None and not self._task.done():
+            self._task.cancel()
