@@ -18,11 +18,12 @@ pytestmark = API
 
 @contextmanager
 def message_reads(app: FastAPI) -> Iterator[list[str]]:
-    """The SELECTs of the message table made meanwhile."""
+    """The SELECTs that read the message table made meanwhile (alone or joined to its chat)."""
     seen: list[str] = []
 
     def count(conn: object, cursor: object, statement: str, *args: object) -> None:
-        if statement.lstrip().upper().startswith("SELECT") and "FROM message" in statement:
+        text = statement.lstrip()
+        if text.upper().startswith("SELECT") and ("FROM message" in text or "JOIN message" in text):
             seen.append(statement)
 
     engine = app.state.engine.sync_engine
