@@ -184,7 +184,7 @@ async def test_an_answer_that_waits_gets_its_queue_position_after_the_first_wait
     assert settings.pending_update_interval >= 0.5
     message = await lifecycle.get(conversation.assistant_id)
     reader = event_reader.read_message_events(
-        lifecycle, app.state.stream_fanout, settings, message.id, None, _connected, message
+        lifecycle, app.state.stream_fanout, settings, message, None, _connected
     )
     started = asyncio.get_running_loop().time()
     async with aclosing(reader) as batches:
