@@ -70,7 +70,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.stream_fanout = fanout = StreamFanout(broker)
         app.state.user_cache = UserCache(settings.user_cache_seconds, settings.user_cache_size)
         app.state.registry = WorkerRegistry(broker)
-        app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
+        app.state.lifecycle = MessageLifecycle(
+            session_factory, broker, settings, worker_sessions=app.state.registry.sessions
+        )
         app.state.dispatchers = Dispatchers(
             broker, app.state.lifecycle, trusted_only_tiers=bool(settings.trusted_workers_only_tiers)
         )
@@ -100,6 +102,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # Bounded: a broker call that swallows the cancellation must not hang the shutdown.
             await asyncio.wait([recovery_task], timeout=3.0)
             await recovery.stop()
+            await app.state.lifecycle.leases.close()
             await fanout.close()
             await broker.close()
             await engine.dispose()
