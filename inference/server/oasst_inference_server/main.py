@@ -70,8 +70,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.stream_fanout = fanout = StreamFanout(broker)
         app.state.user_cache = UserCache(settings.user_cache_seconds, settings.user_cache_size)
         app.state.registry = WorkerRegistry(broker)
+        # The pongs' lease extensions on a connection of their own: requests and readers that take every
+        # connection of the pool must not make leases expire. (SQLite: one engine, one database file.)
+        lease_engine = engine if engine.dialect.name == "sqlite" else create_engine(settings, connections=1)
         app.state.lifecycle = MessageLifecycle(
-            session_factory, broker, settings, worker_sessions=app.state.registry.sessions
+            session_factory,
+            broker,
+            settings,
+            worker_sessions=app.state.registry.sessions,
+            lease_sessions=make_session_factory(lease_engine),
         )
         app.state.dispatchers = Dispatchers(
             broker, app.state.lifecycle, trusted_only_tiers=bool(settings.trusted_workers_only_tiers)
@@ -103,6 +110,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.wait([recovery_task], timeout=3.0)
             await recovery.stop()
             await app.state.lifecycle.leases.close()
+            if lease_engine is not engine:
+                await lease_engine.dispose()
             await fanout.close()
             await broker.close()
             await engine.dispose()

@@ -103,15 +103,19 @@ class MessageLifecycle:
         broker: Broker,
         settings: Settings,
         worker_sessions: WorkerSessionView | None = None,
+        lease_sessions: async_sessionmaker[AsyncSession] | None = None,
     ):
         self._sessions = session_factory
         self._broker = broker
         self._settings = settings
         # The process's view of the worker sessions (shared with the registry where main builds both).
         self._worker_sessions = worker_sessions or WorkerSessionView(broker)
-        # Every pong of this process's workers extends their leases through it, batched.
+        # Every pong of this process's workers extends their leases through it, batched (on
+        # ``lease_sessions``, a pool of its own where main gives one).
         self.leases = LeaseExtensions(
-            session_factory, lease_seconds=settings.lease_seconds, interval=lease_interval(settings)
+            lease_sessions or session_factory,
+            lease_seconds=settings.lease_seconds,
+            interval=lease_interval(settings),
         )
 
     # ------------------------------------------------------------ reads

@@ -163,3 +163,25 @@ async def test_the_interval_is_well_inside_the_ping_interval_and_the_lease() -> 
     assert lease_interval(default) == 1.0
     quick = Settings(database_url="sqlite+aiosqlite://", worker_ping_interval=0.5, lease_seconds=0.6)
     assert lease_interval(quick) == pytest.approx(0.06)
+
+
+async def test_leases_are_extended_while_requests_hold_every_connection_of_the_pool(
+    app, client, user, live_model
+):
+    """Readers and requests that take every pooled connection (thousands of open streams) must not
+    starve the lease extensions: they have a connection of their own."""
+    message_id = await claimed(app, client, user, live_model, "ws-p1")
+    engine = app.state.engine
+    size = app.state.settings.database_pool_size
+    held = [await engine.connect() for _ in range(2 * size)]  # the pool and its overflow
+    try:
+        leases = app.state.lifecycle.leases
+        told = Told()
+        leases.extend_soon("ws-p1", {message_id}, told.callback("ws-p1"))
+        async with asyncio.timeout(10):  # the request pool would make it wait 30 s, then fail
+            await leases.flush()
+    finally:
+        for connection in held:
+            await connection.close()
+    assert extended(await lease_of(app, message_id))
+    await app.state.lifecycle.release(message_id, "ws-p1", "test over", retryable=False)
