@@ -13,8 +13,7 @@ from fastapi import FastAPI
 
 from oasst_inference_server.auth import oauth
 from oasst_inference_server.auth.trusted_client import TrustedClient, encode_trusted_client
-from oasst_inference_server.broker import WorkerSession
-from oasst_shared.model_configs import SMOLLM2_135M
+from tests.support.sessions import session_record
 
 API = [pytest.mark.postgres, pytest.mark.redis, pytest.mark.asyncio(loop_scope="session")]
 
@@ -169,14 +168,6 @@ async def register_live_model(app: FastAPI) -> str:
     """A model of its own, with a worker session in the broker that never takes work: its answers
     stay pending (and count towards its queue only). Returns its name."""
     name = f"test-model-{uuid.uuid4().hex[:6]}"
-    config = SMOLLM2_135M.model_copy(update={"name": name})
-    live = WorkerSession(
-        model_config=config,
-        max_parallel_requests=2,
-        free_slots=0,
-        backend_kind="fake",
-        worker_version="test",
-        connected_at=0.0,
-    )
-    await app.state.broker.put_worker_session(live.record(f"ws-test-{uuid.uuid4().hex[:8]}"), ttl=3600)
+    record = session_record(f"ws-test-{uuid.uuid4().hex[:8]}", name)
+    await app.state.broker.put_worker_session(record, ttl=3600)
     return name

@@ -71,7 +71,16 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.stream_fanout = fanout = StreamFanout(broker)
         app.state.user_cache = UserCache(settings.user_cache_seconds, settings.user_cache_size)
         app.state.registry = WorkerRegistry(broker)
-        app.state.lifecycle = MessageLifecycle(session_factory, broker, settings)
+        # The pongs' lease extensions on a connection of their own: requests and readers that take every
+        # connection of the pool must not make leases expire. (SQLite: one engine, one database file.)
+        lease_engine = engine if engine.dialect.name == "sqlite" else create_engine(settings, connections=1)
+        app.state.lifecycle = MessageLifecycle(
+            session_factory,
+            broker,
+            settings,
+            worker_sessions=app.state.registry.sessions,
+            lease_sessions=make_session_factory(lease_engine),
+        )
         app.state.dispatchers = Dispatchers(
             broker, app.state.lifecycle, trusted_only_tiers=bool(settings.trusted_workers_only_tiers)
         )
@@ -102,6 +111,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # Bounded: a broker call that swallows the cancellation must not hang the shutdown.
             await asyncio.wait([recovery_task], timeout=3.0)
             await recovery.stop()
+            await app.state.lifecycle.leases.close()
+            if lease_engine is not engine:
+                await lease_engine.dispose()
             await fanout.close()
             await broker.close()
             await engine.dispose()

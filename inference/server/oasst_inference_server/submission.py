@@ -209,7 +209,7 @@ class SubmissionService:
     async def _chat_model(self, name: str) -> LiveModel:
         """The live model ``name``: ``InvalidRequest`` if unknown, ``ServiceUnavailable`` if no worker
         serves it now."""
-        live = await self._registry.live_models()
+        live = await self._registry.live_models(wanted=name)
         if name in live:
             return live[name]
         available = ", ".join(sorted(live)) or "none"

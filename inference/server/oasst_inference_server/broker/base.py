@@ -78,6 +78,21 @@ class StreamsReader(abc.ABC):
 
 
 class Broker(abc.ABC):
+    # Bumped when this process puts a worker session it had not put before, or removes one: a view of
+    # the sessions cached in this process (:mod:`.session_view`) is stale from then on. Sessions that
+    # other replicas add or remove change no counter here; such a view re-reads them at a bounded age.
+    local_session_changes: int = 0
+
+    def _note_local_session(self, session_id: str, present: bool) -> None:
+        """Called by :meth:`put_worker_session` (present) and :meth:`remove_worker_session` (not)."""
+        ids: set[str] = self.__dict__.setdefault("_local_session_ids", set())
+        if (session_id in ids) != present:
+            if present:
+                ids.add(session_id)
+            else:
+                ids.discard(session_id)
+            self.local_session_changes += 1
+
     # ------------------------------------------------------------ lifecycle
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Open connections. Called once before use."""

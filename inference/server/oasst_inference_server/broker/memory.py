@@ -328,9 +328,11 @@ class InMemoryBroker(Broker):
     # ------------------------------------------------------------ worker sessions
     async def put_worker_session(self, record: WorkerSessionRecord, ttl: float) -> None:
         self._sessions[record.session_id] = (record, time.monotonic() + ttl)
+        self._note_local_session(record.session_id, True)
 
     async def remove_worker_session(self, session_id: str) -> None:
         self._sessions.pop(session_id, None)
+        self._note_local_session(session_id, False)
 
     async def list_worker_sessions(self) -> list[WorkerSessionRecord]:
         now = time.monotonic()

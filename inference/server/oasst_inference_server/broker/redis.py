@@ -479,13 +479,17 @@ class RedisBroker(Broker):
                 pipe.set(self.keys.session(record.session_id), value, px=ttl_ms)
                 pipe.zadd(self.keys.session_index, {record.session_id: expires_at_ms})
                 await pipe.execute()
+        self._note_local_session(record.session_id, True)  # once written: a view read now sees it
 
     async def remove_worker_session(self, session_id: str) -> None:
-        with translated("DEL session"):
-            async with self._client.pipeline(transaction=True) as pipe:
-                pipe.delete(self.keys.session(session_id))
-                pipe.zrem(self.keys.session_index, session_id)
-                await pipe.execute()
+        try:
+            with translated("DEL session"):
+                async with self._client.pipeline(transaction=True) as pipe:
+                    pipe.delete(self.keys.session(session_id))
+                    pipe.zrem(self.keys.session_index, session_id)
+                    await pipe.execute()
+        finally:
+            self._note_local_session(session_id, False)
 
     async def list_worker_sessions(self) -> list[WorkerSessionRecord]:
         horizon_ms = int(time.time() * 1000) - _SESSION_INDEX_GRACE_MS

@@ -26,7 +26,9 @@ def normalise_database_url(url: str) -> str:
     return url
 
 
-def create_engine(settings: Settings) -> AsyncEngine:
+def create_engine(settings: Settings, *, connections: int | None = None) -> AsyncEngine:
+    """The engine of ``settings.database_url``: a pool of ``database_pool_size`` connections and as many
+    overflow ones, or exactly ``connections`` (none overflow) for a pool of its own, on Postgres."""
     url = make_url(normalise_database_url(settings.database_url))
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":
@@ -45,8 +47,8 @@ def create_engine(settings: Settings) -> AsyncEngine:
         return engine
     engine = create_async_engine(
         url,
-        pool_size=settings.database_pool_size,
-        max_overflow=settings.database_pool_size,
+        pool_size=connections or settings.database_pool_size,
+        max_overflow=0 if connections else settings.database_pool_size,
         # No "SELECT 1" round trip per checkout (pre-ping): see _skip_closed_connections.
         pool_pre_ping=False,
     )

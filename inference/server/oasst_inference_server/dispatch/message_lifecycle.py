@@ -22,11 +22,13 @@ from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server import metrics
-from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
+from oasst_inference_server.broker import Broker, BrokerError
+from oasst_inference_server.broker.session_view import WorkerSessionView
 from oasst_inference_server.db.models import DbMessage, utcnow
-from oasst_inference_server.dispatch import events, fair_share
+from oasst_inference_server.dispatch import events, fair_share, lease_extensions
 from oasst_inference_server.dispatch.capacity import DEFAULT_TOKENS_PER_SECOND
 from oasst_inference_server.dispatch.claim import CLAIM_VALUES, Taken, conversation, take, thread_to
+from oasst_inference_server.dispatch.lease_extensions import LeaseExtensions, lease_interval
 from oasst_inference_server.settings import Settings
 from oasst_shared.chat_template import cut_to_budget
 from oasst_shared.protocol import (
@@ -95,10 +97,26 @@ def _tool_calls(message: DbMessage) -> list[ToolCall] | None:
 
 
 class MessageLifecycle:
-    def __init__(self, session_factory: async_sessionmaker[AsyncSession], broker: Broker, settings: Settings):
+    def __init__(
+        self,
+        session_factory: async_sessionmaker[AsyncSession],
+        broker: Broker,
+        settings: Settings,
+        worker_sessions: WorkerSessionView | None = None,
+        lease_sessions: async_sessionmaker[AsyncSession] | None = None,
+    ):
         self._sessions = session_factory
         self._broker = broker
         self._settings = settings
+        # The process's view of the worker sessions (shared with the registry where main builds both).
+        self._worker_sessions = worker_sessions or WorkerSessionView(broker)
+        # Every pong of this process's workers extends their leases through it, batched (on
+        # ``lease_sessions``, a pool of its own where main gives one).
+        self.leases = LeaseExtensions(
+            lease_sessions or session_factory,
+            lease_seconds=settings.lease_seconds,
+            interval=lease_interval(settings),
+        )
 
     # ------------------------------------------------------------ reads
     async def get(self, message_id: str) -> DbMessage | None:
@@ -140,14 +158,10 @@ class MessageLifecycle:
         """Seconds until a slot frees for the message: the jobs ahead of it that do not fit the free
         slots, each as long as this one, at the measured throughput of the model's workers."""
         try:
-            sessions = await self._broker.list_worker_sessions()
+            sessions = await self._worker_sessions.sessions()
         except BrokerError:
             return None
-        workers = [
-            w
-            for w in map(WorkerSession.of, sessions)
-            if w is not None and w.model_config_.name == message.model_config_name
-        ]
+        workers = [w for w in sessions if w.model_config_.name == message.model_config_name]
         if not workers:
             return None
         free = sum(w.free_slots for w in workers)
@@ -321,26 +335,12 @@ class MessageLifecycle:
         return now + timedelta(seconds=self._settings.in_progress_bound(max_new_tokens))
 
     async def extend_leases(self, session_id: str, holding: Collection[str] = ()) -> list[str]:
-        """Extend the leases of the session's messages. Returns the messages the worker should stop:
-        those whose cancel is still pending, and those of ``holding`` (what the connection believes the
-        worker runs) that the session no longer owns (cancelled, expired, moved on). The connection
-        sends their cancel again until the worker acknowledges it with a result."""
+        """Extend the leases of one session's messages now; the messages its worker should stop
+        (:func:`.lease_extensions.to_stop`). Connections extend theirs through :attr:`leases`, batched."""
         async with self._sessions() as session:
-            rows = (
-                await session.exec(
-                    update(DbMessage)
-                    .where(
-                        DbMessage.worker_session_id == session_id,
-                        DbMessage.state == MessageState.in_progress,
-                    )
-                    .values(lease_deadline=utcnow() + timedelta(seconds=self._settings.lease_seconds))
-                    .returning(DbMessage.id, DbMessage.cancel_requested)
-                )
-            ).all()
+            owned = await lease_extensions.extend(session, [session_id], self._settings.lease_seconds)
             await session.commit()
-        owned = {message_id for message_id, _ in rows}
-        stale = [message_id for message_id in holding if message_id not in owned]
-        return [message_id for message_id, cancel_requested in rows if cancel_requested] + stale
+        return lease_extensions.to_stop(owned[session_id], holding)
 
     # ------------------------------------------------------------ streaming and results
     async def _append_terminal(self, message_id: str, data: str) -> None:

@@ -706,21 +706,18 @@ class WorkerConnection:
         self.capacity.backend_queue_length = pong.backend_queue_length
         self._capacity_changed()
         if self.in_flight:
-            try:
-                # A claim not committed yet is invisible to the database: not counted as held.
-                holding = self.in_flight - self._gate.unconfirmed()
-                cancels = await self._lifecycle.extend_leases(self.session_id, sorted(holding))
-            except Exception as exc:  # the database is down: the leases outlast a short outage
-                logger.warning(
-                    "worker {}: leases not extended: {}: {}", self.session_id, type(exc).__name__, exc
-                )
-                cancels = []
-            for message_id in cancels:
-                # Cancelled (or no longer ours) but not acknowledged with a result: the command may
-                # have been lost or raced the claim; send it again until the worker answers.
-                if message_id in self.in_flight:
-                    await self._send(Cancel(message_id=message_id))
+            # A claim not committed yet is invisible to the database: not counted as held. Batched
+            # with the other workers' pongs (:mod:`.lease_extensions`): the receive loop reads on.
+            holding = self.in_flight - self._gate.unconfirmed()
+            self._lifecycle.leases.extend_soon(self.session_id, holding, self._cancel_again)
         await self._publish_session()
+
+    async def _cancel_again(self, message_ids: list[str]) -> None:
+        for message_id in message_ids:
+            # Cancelled (or no longer ours) but not acknowledged with a result: the command may
+            # have been lost or raced the claim; send it again until the worker answers.
+            if message_id in self.in_flight:
+                await self._send(Cancel(message_id=message_id))
 
     async def _on_error(self, error: WorkerError) -> None:
         metrics.ERRORS.labels("worker_retryable" if error.retryable else "worker_fatal").inc()
@@ -901,6 +898,7 @@ class WorkerConnection:
                 await self._lifecycle.requeue(self._assigned.get_nowait()[0])
         reason = close.reason if close else "connection ended"
         metrics.WORKERS_CONNECTED.labels(self.model_name).dec()
+        self._lifecycle.leases.forget(self.session_id)
         for message_id in list(self.in_flight):
             self._done(message_id)
             with contextlib.suppress(Exception):

@@ -116,13 +116,13 @@ class OpenAIService:
         self._submission = submission
 
     # ------------------------------------------------------------ models
-    async def live_models(self) -> dict[str, LiveModel]:
-        return await self._registry.live_models()
+    async def live_models(self, wanted: str | None = None) -> dict[str, LiveModel]:
+        return await self._registry.live_models(wanted)
 
     async def resolve_model(self, name: str, kind: ModelKind) -> LiveModel:
         """The live model ``name`` of ``kind``: NotFound if unknown, ServiceUnavailable if no worker serves
         it now, InvalidRequest if it is of another kind."""
-        live = await self._registry.live_models()
+        live = await self._registry.live_models(wanted=name)
         model = live.get(name)
         available = ", ".join(sorted(n for n, m in live.items() if m.config.kind == kind)) or "none"
         if model is None:

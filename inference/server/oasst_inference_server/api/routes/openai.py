@@ -90,7 +90,7 @@ async def list_models(caller: ApiCaller, service: OpenAIServiceDep) -> ModelList
     "/models/{model:path}", response_model=ModelCard, responses={401: _ERRORS[401], 404: _ERRORS[404]}
 )
 async def retrieve_model(model: str, caller: ApiCaller, service: OpenAIServiceDep) -> ModelCard:
-    live = await service.live_models()
+    live = await service.live_models(wanted=model)
     if model not in live:
         available = ", ".join(sorted(live)) or "none"
         raise NotFound("model_not_found", f"the model {model!r} does not exist; available: {available}")
