@@ -93,12 +93,14 @@ class SubmissionService:
         *,
         chat: DbChat | None = None,
         chat_characters: int | None = None,
+        parent: DbMessage | None = None,
     ) -> DbMessage:
         """Commit ``message`` as pending with its fair-queue ticket (and whatever else ``session`` holds;
         ``chat``, if given, gets it as its newest message), then queue it; or, when nothing waits in the
         model's queue and a worker of this process is idle, hand it to that worker before the commit
         (:mod:`.dispatch.handoff`). ``chat_characters``: the length of the chat's messages, if
-        :meth:`admit` measured it (the ticket then needs no query)."""
+        :meth:`admit` measured it (the ticket then needs no query). ``parent``: the message it answers,
+        if the caller holds it (a hand-over of a new chat's first answer then reads no conversation)."""
         ticket = await fair_share.new_ticket(
             session, self._settings, message, requested, user=user, chat_characters=chat_characters
         )
@@ -108,7 +110,8 @@ class SubmissionService:
             chat.modified_at = message.enqueued_at or utcnow()
             chat.active_thread_tail_message_id = message.id
             session.add(chat)
-        handed = await self._handoff.try_hand_over(session, message, ticket) if self._handoff else None
+        known = (parent,) if parent is not None else ()
+        handed = await self._handoff.try_hand_over(session, message, ticket, known) if self._handoff else None
         if handed is not None:
             try:
                 await session.commit()
@@ -203,7 +206,13 @@ class SubmissionService:
             enqueued_at=utcnow(),
         )
         return await self.submit(
-            session, message, user, requested, chat=chat, chat_characters=size.characters if size else None
+            session,
+            message,
+            user,
+            requested,
+            chat=chat,
+            chat_characters=size.characters if size else None,
+            parent=parent,
         )
 
     async def _chat_model(self, name: str) -> LiveModel:

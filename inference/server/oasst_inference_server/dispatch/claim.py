@@ -109,11 +109,21 @@ async def take(session: AsyncSession, message_id: str, values: dict[str, Any]) -
     return Taken(DbMessage(**fields), chat)
 
 
-async def conversation(session: AsyncSession, message: DbMessage) -> list[ChatRow]:
+async def conversation(
+    session: AsyncSession, message: DbMessage, known: Sequence[DbMessage] = ()
+) -> list[ChatRow]:
     """The messages of ``message``'s chat as ``session``'s transaction sees them (empty unless it is a
-    chat message): what :func:`take` returns with a claim, for a message not yet written."""
+    chat message): what :func:`take` returns with a claim, for a message not yet written. Where
+    ``known`` (messages the caller holds, its parent first) already holds the whole way from the parent
+    to the chat's first message, as for a new chat's first answer, nothing is read."""
     if not _reads_chat(message):
         return []
+    rows = {m.id: ChatRow(m.id, m.parent_id, Role(m.role).value, m.content) for m in known}
+    current = rows.get(message.parent_id) if message.parent_id else None
+    while current is not None and current.parent_id is not None:
+        current = rows.get(current.parent_id)
+    if current is not None:  # the way up ended at the first message: the thread is known
+        return list(rows.values())
     connection = await session.connection()
-    rows = await connection.execute(_CHAT_ROWS, {"chat_id": message.chat_id})
-    return [ChatRow(i, p, Role(r).value, c) for i, p, r, c in rows.all()]
+    result = await connection.execute(_CHAT_ROWS, {"chat_id": message.chat_id})
+    return [ChatRow(i, p, Role(r).value, c) for i, p, r, c in result.all()]

@@ -23,7 +23,7 @@ May import dispatch, broker, db, settings; not api or openai_api.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import NamedTuple, Protocol, cast
 
 from loguru import logger
@@ -44,7 +44,13 @@ class TakesHandOvers(Protocol):
 
     def unreserve(self) -> None: ...
 
-    async def hand_over(self, session: AsyncSession, message: DbMessage, permit: Awaitable[bool]) -> bool: ...
+    async def hand_over(
+        self,
+        session: AsyncSession,
+        message: DbMessage,
+        permit: Awaitable[bool],
+        known: Sequence[DbMessage] = (),
+    ) -> bool: ...
 
     async def handed(self, message_id: str, *, committed: bool) -> None: ...
 
@@ -66,7 +72,7 @@ class Handoff:
         self._settings = settings
 
     async def try_hand_over(
-        self, session: AsyncSession, message: DbMessage, ticket: Ticket
+        self, session: AsyncSession, message: DbMessage, ticket: Ticket, known: Sequence[DbMessage] = ()
     ) -> HandedOver | None:
         """Send ``message`` (added to ``session`` as pending, not yet committed) to an idle worker of
         this process now, claimed in ``session``'s transaction; None if it must queue instead (nothing
@@ -75,18 +81,18 @@ class Handoff:
         dispatcher = self._dispatchers.by_model.get(model) if model else None
         if dispatcher is None or model is None:
             return None
-        placement = ticket.placement()
-        reserved = dispatcher.take_now(placement)
+        reserved = dispatcher.take_now(ticket.placement())
         if reserved is None:
             return None
         connection = cast(TakesHandOvers, reserved)
         queue = events.work_queue_name(model)
         cost = ticket.estimated_cost(self._settings)
-        # The fair queue's answer comes while the connection reads the conversation.
+        # The fair queue's answer comes while the connection builds the frame (and reads the
+        # conversation, where it must).
         permit = asyncio.ensure_future(self._serve_now(queue, ticket.user, cost, message.id))
         sent = False
         try:
-            sent = await connection.hand_over(session, message, permit)
+            sent = await connection.hand_over(session, message, permit, known)
         finally:
             if not sent:
                 await self._take_back(permit, queue, ticket.user, cost, message.id)

@@ -9,7 +9,7 @@ finished message back.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Collection
+from collections.abc import AsyncIterator, Collection, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime, timedelta
 from typing import Any, NamedTuple
@@ -302,13 +302,15 @@ class MessageLifecycle:
         *,
         max_input_tokens: int | None = None,
         protocol_version: int = PROTOCOL_VERSION,
+        known: Sequence[DbMessage] = (),
     ) -> Claimed | None:
         """Claim ``message``, pending in ``session`` and not yet written, for a worker session: its claim's
         values are set on it (the caller's commit writes them with the insert) and its frame is built from
         its conversation as the transaction sees it. Nothing else can know of the message before that
         commit, so nothing needs locking. None, with ``message`` unchanged, if no frame can carry it.
-        :meth:`unclaim_unsaved` undoes it before the commit."""
-        chat = await conversation(session, message)
+        :meth:`unclaim_unsaved` undoes it before the commit. ``known``: messages of the chat the caller
+        holds (the parent), which may spare the conversation's read (:func:`.claim.conversation`)."""
+        chat = await conversation(session, message, known)
         now = utcnow()
         message.state = MessageState.in_progress
         message.attempts += 1

@@ -21,7 +21,7 @@ import contextlib
 import functools
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -202,7 +202,13 @@ class WorkerConnection:
             self.capacity.reported_free_slots += 1
         self._capacity_changed()
 
-    async def hand_over(self, session: AsyncSession, message: DbMessage, permit: Awaitable[bool]) -> bool:
+    async def hand_over(
+        self,
+        session: AsyncSession,
+        message: DbMessage,
+        permit: Awaitable[bool],
+        known: Sequence[DbMessage] = (),
+    ) -> bool:
         """Claim ``message`` (pending in ``session``'s open transaction, not yet written) for this worker
         and send it before the caller commits, if ``permit`` (awaited once the frame is ready) says so;
         the slot was reserved. True: sent, and the caller must report its commit's outcome with
@@ -216,6 +222,7 @@ class WorkerConnection:
                 self.session_id,
                 max_input_tokens=self.info.model_config_.max_input_length,
                 protocol_version=self.protocol_version,
+                known=known,
             )
         except BaseException:
             self.unreserve()

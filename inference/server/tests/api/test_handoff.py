@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import pytest
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.broker import InMemoryBroker
@@ -199,7 +200,7 @@ class RecordingConnection:
         self.reserved -= 1
         self.capacity.in_flight -= 1
 
-    async def hand_over(self, session: Any, message: Any, permit: Any) -> bool:
+    async def hand_over(self, session: Any, message: Any, permit: Any, known: Any = ()) -> bool:
         if not await permit:
             self.unreserve()
             return False
@@ -296,3 +297,23 @@ async def test_a_reservation_given_back_leaves_the_worker_as_free_as_it_reported
     assert conn.free_slots == 1
     conn.unreserve()
     assert conn.free_slots == 2
+
+
+async def test_a_new_chat_s_first_answer_is_handed_over_without_reading_its_conversation() -> None:
+    from oasst_inference_server.db.models import DbMessage
+    from oasst_inference_server.dispatch.claim import conversation, thread_to
+    from oasst_shared.protocol import ChatTurn
+
+    class NoDatabase:
+        async def connection(self) -> Any:
+            raise AssertionError("the conversation was read from the database")
+
+    root = DbMessage(id="p", chat_id="c", parent_id=None, role="prompter", content="hi", kind="chat")
+    answer = DbMessage(id="m", chat_id="c", parent_id="p", role="assistant", kind="chat")
+    rows = await conversation(NoDatabase(), answer, (root,))  # type: ignore[arg-type]
+    assert thread_to("p", rows) == [ChatTurn(role="user", content="hi")]
+    # A later turn's parent has ancestors the caller does not hold: they are read.
+    later = DbMessage(id="p2", chat_id="c", parent_id="a1", role="prompter", content="more", kind="chat")
+    reply = DbMessage(id="m2", chat_id="c", parent_id="p2", role="assistant", kind="chat")
+    with pytest.raises(AssertionError, match="read from the database"):
+        await conversation(NoDatabase(), reply, (later,))  # type: ignore[arg-type]
