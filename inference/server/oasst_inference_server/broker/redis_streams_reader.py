@@ -14,17 +14,24 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from loguru import logger
 from redis.exceptions import RedisError
 
 from oasst_inference_server.broker.base import StreamEntry, StreamsReader
-from oasst_inference_server.broker.keys import parse_stream_id
+from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
 from oasst_inference_server.broker.redis_replies import ms, stream_entries, translated
 
-if TYPE_CHECKING:
-    from oasst_inference_server.broker.redis import RedisBroker
+
+class _RedisOwner(Protocol):
+    """What the reader uses of the Redis broker that owns it (``redis.RedisBroker``)."""
+
+    keys: RedisKeys
+    _max_block: float
+    _pool: Any
+    _client: Any
+
 
 # While a read is under way but not yet blocked in Redis, CLIENT UNBLOCK finds nothing to unblock:
 # it is sent again after this pause until it lands or the read has ended.
@@ -32,7 +39,7 @@ _UNBLOCK_RETRY_SECONDS = 0.001
 
 
 class RedisStreamsReader(StreamsReader):
-    def __init__(self, broker: RedisBroker) -> None:
+    def __init__(self, broker: _RedisOwner) -> None:
         self._broker = broker
         self._connection: Any = None
         self._client_id: int | None = None
