@@ -27,10 +27,10 @@ def token_bound(text: str) -> int:
 class PromptCount:
     """A prompt's token count for the usage report: known already, or counted in the background.
 
-    ``known`` None: the count is not known (only its bound was needed); ``count(text)`` runs in a task
-    of its own from :meth:`start`, which the job calls once the first token is out: the count then
-    shares the backend with the rest of the answer, not with its first token (a single-process backend
-    such as the bundled one serves both on one event loop).
+    ``known`` None: the count is not known (only its bound was needed); ``count(text)`` runs once the
+    answer's stream has ended (:meth:`result`), unless the backend reported the count itself. Not
+    while the answer streams: a second request to a backend with one slot (a llama.cpp server) while
+    its stream is open was seen to end that stream without a finish reason.
     """
 
     def __init__(self, text: str, known: int | None, count: Callable[[str], Awaitable[int]]) -> None:

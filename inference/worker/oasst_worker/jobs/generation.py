@@ -196,7 +196,6 @@ class GenerationJob:
                 if self._first_token_at is None:
                     self._first_token_at = time.monotonic()
                     metrics.TIME_TO_FIRST_TOKEN.observe(self._first_token_at - self._started)
-                    prompt_count.start()  # not before: it would share the backend with the first token
                 metrics.TOKENS.inc()
                 if item.logprobs is not None:
                     self._logprobs.append(item.logprobs)
@@ -224,7 +223,7 @@ class GenerationJob:
             text="".join(self._text),
             finish_reason=finish_reason,
             generated_tokens=self._generated,
-            prompt_tokens=await self._prompt_tokens(),
+            prompt_tokens=await self._prompt_tokens(),  # counted now, if it must be: the stream has ended
             tool_calls=self._tool_calls,
         )
 
