@@ -11,7 +11,9 @@ from typing import Any
 from starlette.websockets import WebSocketState
 
 from oasst_inference_server.dispatch import events
-from oasst_shared.protocol import dump_frame
+from oasst_inference_server.dispatch.worker_connection import WorkerConnection
+from oasst_shared.model_configs import SMOLLM2_135M
+from oasst_shared.protocol import WorkerInfo, dump_frame
 
 
 class StandInSocket:
@@ -67,3 +69,23 @@ async def until(condition: Callable[[], Awaitable[bool] | bool], timeout: float 
 async def stream_types(app: Any, message_id: str) -> list[str]:
     entries = await app.state.broker.read_events(events.stream_name(message_id), None, 0)
     return [json.loads(entry.data)["event_type"] for entry in entries]
+
+
+def stand_in_connection(
+    app: Any, model: str, socket: StandInSocket, dispatcher: Any, *, slots: int = 1, settings: Any = None
+) -> WorkerConnection:
+    """A real ``WorkerConnection`` of the app (its settings, unless given; its broker and lifecycle) for
+    a worker of ``model`` with ``slots`` slots on ``socket``, attached to ``dispatcher`` when run."""
+    info = WorkerInfo(
+        model_config=SMOLLM2_135M.model_copy(update={"name": model}),
+        max_parallel_requests=slots,
+        backend_kind="fake",
+    )
+    return WorkerConnection(
+        socket,  # type: ignore[arg-type]
+        info,
+        settings=settings or app.state.settings,
+        broker=app.state.broker,
+        lifecycle=app.state.lifecycle,
+        dispatcher=dispatcher,
+    )

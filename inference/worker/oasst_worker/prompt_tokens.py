@@ -5,7 +5,7 @@ prompts do not need it: no tokenizer makes more tokens of a text than :func:`tok
 BPE or byte-fallback token holds at least one byte; a tokenizer may add a few of its own, such as BOS),
 so a prompt whose bound fits the input limit fits, and a bound that leaves the requested answer whole
 leaves it whole. The exact count is then only for the usage report: :class:`PromptCount` asks for it
-while the answer streams, once its first token is out.
+once the answer's stream has ended, unless the backend reported it.
 """
 
 from __future__ import annotations

@@ -171,3 +171,32 @@ async def test_a_job_cancelled_before_its_first_token_still_reports_the_count() 
 def test_the_bound_is_at_least_one_token_a_byte() -> None:
     assert token_bound("") >= 1
     assert token_bound("é" * 10) >= 20  # two bytes each: a byte-level tokenizer may make 20 tokens
+
+
+async def test_the_count_is_asked_only_once_the_answer_s_stream_has_ended() -> None:
+    """A second request to a one-slot backend (a llama.cpp server) while its stream is open ended that
+    stream without a finish reason: the exact count waits for the stream to end."""
+
+    class OneSlot(Recording):
+        def __init__(self) -> None:
+            super().__init__()
+            self.streaming = False
+            self.counted_while_streaming = False
+
+        async def count_tokens(self, text: str) -> int | None:
+            self.counted_while_streaming |= self.streaming
+            return await super().count_tokens(text)
+
+        async def generate_stream(self, prompt: str, params: Any, max_new_tokens: int) -> AsyncIterator[Any]:
+            self.streaming = True
+            try:
+                async for item in super().generate_stream(prompt, params, max_new_tokens):
+                    yield item
+                    await asyncio.sleep(0.01)  # time for a count started meanwhile to reach the backend
+            finally:
+                self.streaming = False
+
+    backend = OneSlot()
+    result = await run(backend, work([ChatTurn(role="user", content="hello there")]))
+    assert result.prompt_tokens is not None and "count" in backend.log
+    assert not backend.counted_while_streaming

@@ -110,10 +110,9 @@ end
 return #KEYS
 """
 
-# KEYS[1]: the slots' sorted set; ARGV: holder, limit, ttl ms. Expired holders go first; Redis' own
-# clock stamps the expiries, so replicas with skewed clocks agree.
 # KEYS: the slots' sorted sets; ARGV: holder, ttl in ms, then each key's limit. All or none: 0 when the
-# holder has them all, else the (1-based) index of a full one.
+# holder has them all, else the (1-based) index of a full one. Expired holders go first; Redis' own
+# clock stamps the expiries, so replicas with skewed clocks agree.
 _ACQUIRE_SLOTS = """
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)

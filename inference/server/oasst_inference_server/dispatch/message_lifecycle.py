@@ -64,6 +64,11 @@ class Claimed(NamedTuple):
     work: Work | EmbedWork
     frame: str
 
+    @property
+    def max_new_tokens(self) -> int:
+        """What the job may generate (its generation deadline follows from it); 0 for embeddings."""
+        return self.work.sampling_parameters.max_new_tokens if isinstance(self.work, Work) else 0
+
 
 def to_message_read(message: DbMessage) -> MessageRead:
     return MessageRead(
@@ -280,7 +285,7 @@ class MessageLifecycle:
             except UnsendableMessage:
                 await session.rollback()
                 raise
-            asked = claimed.work.sampling_parameters.max_new_tokens if isinstance(claimed.work, Work) else 0
+            asked = claimed.max_new_tokens
             if asked != max_new_tokens:
                 await session.exec(
                     update(DbMessage)
@@ -322,8 +327,7 @@ class MessageLifecycle:
         except UnsendableMessage:
             self.unclaim_unsaved(message)
             return None
-        asked = claimed.work.sampling_parameters.max_new_tokens if isinstance(claimed.work, Work) else 0
-        message.generation_deadline = self._generation_deadline(now, asked)
+        message.generation_deadline = self._generation_deadline(now, claimed.max_new_tokens)
         return claimed
 
     @staticmethod

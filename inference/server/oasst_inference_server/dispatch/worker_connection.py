@@ -183,24 +183,26 @@ class WorkerConnection:
         """Reserve a slot for ``message_id`` (the dispatcher chose this worker); ``_dispatch`` sends it.
         ``max_new_tokens``, where the dispatcher knows it, lets the claim set the generation deadline in
         its one UPDATE."""
-        self.capacity.in_flight += 1
-        if self.capacity.reported_free_slots is not None:
-            self.capacity.reported_free_slots -= 1
+        self._count_slot(1)
         self._assigned.put_nowait((message_id, max_new_tokens))
 
     def reserve(self) -> None:
         """Reserve a slot for a job a submission will hand over in its own transaction
         (:meth:`hand_over`); :meth:`unreserve` gives it back if the job is not handed over after all."""
         self._claiming += 1
-        self.capacity.in_flight += 1
-        if self.capacity.reported_free_slots is not None:
-            self.capacity.reported_free_slots -= 1
+        self._count_slot(1)
 
     def unreserve(self) -> None:
         self._claiming -= 1
-        if self.capacity.reported_free_slots is not None:
-            self.capacity.reported_free_slots += 1
+        self._count_slot(-1)
         self._capacity_changed()
+
+    def _count_slot(self, taken: int) -> None:
+        """A slot taken (1) or given back (-1) before the next recount: counted at once, so that the
+        dispatcher never places two jobs on one free slot."""
+        self.capacity.in_flight += taken
+        if self.capacity.reported_free_slots is not None:
+            self.capacity.reported_free_slots -= taken
 
     async def hand_over(
         self,

@@ -16,10 +16,9 @@ from typing import Any
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_connection import WorkerConnection
-from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import CLOSE_POLICY_VIOLATION, GeneratedText, Token, WorkerInfo
+from oasst_shared.protocol import CLOSE_POLICY_VIOLATION, GeneratedText, Token
 from tests.support.api import API, start_chat
-from tests.support.worker_socket import StandInSocket, stream_types, until
+from tests.support.worker_socket import StandInSocket, stand_in_connection, stream_types, until
 
 pytestmark = API
 
@@ -60,19 +59,7 @@ class StubDispatcher:
 async def connection(
     app: Any, model: str, socket: StandInSocket, settings: Any = None
 ) -> AsyncIterator[WorkerConnection]:
-    info = WorkerInfo(
-        model_config=SMOLLM2_135M.model_copy(update={"name": model}),
-        max_parallel_requests=1,
-        backend_kind="fake",
-    )
-    conn = WorkerConnection(
-        socket,  # type: ignore[arg-type]
-        info,
-        settings=settings or app.state.settings,
-        broker=app.state.broker,
-        lifecycle=app.state.lifecycle,
-        dispatcher=StubDispatcher(),  # type: ignore[arg-type]
-    )
+    conn = stand_in_connection(app, model, socket, StubDispatcher(), settings=settings)
     task = asyncio.create_task(conn.run())
     try:
         yield conn

@@ -4,34 +4,20 @@ served from the broker alone."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-
-from fastapi import FastAPI
-from sqlalchemy import event
-
 from oasst_inference_server.dispatch import events
 from tests.support.api import API, finish_message, start_chat
+from tests.support.sql_statements import recorded_statements
 
 pytestmark = API
 
 
-@contextmanager
-def message_reads(app: FastAPI) -> Iterator[list[str]]:
-    """The SELECTs that read the message table made meanwhile (alone or joined to its chat)."""
-    seen: list[str] = []
-
-    def count(conn: object, cursor: object, statement: str, *args: object) -> None:
-        text = statement.lstrip()
-        if text.upper().startswith("SELECT") and ("FROM message" in text or "JOIN message" in text):
-            seen.append(statement)
-
-    engine = app.state.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        yield seen
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
+def message_reads(statements: list[str]) -> list[str]:
+    """The SELECTs that read the message table (alone or joined to its chat)."""
+    return [
+        text
+        for text in statements
+        if text.upper().startswith("SELECT") and ("FROM message" in text or "JOIN message" in text)
+    ]
 
 
 async def test_the_events_of_a_finished_answer_read_the_message_once(client, user, live_model, app) -> None:
@@ -44,8 +30,9 @@ async def test_the_events_of_a_finished_answer_read_the_message_once(client, use
     await app.state.broker.append_event(stream, events.token_event("Done."))
     await app.state.broker.append_event(stream, app.state.lifecycle.final_event(message), terminal=True)
     url = f"/chats/{conversation.chat_id}/messages/{message_id}/events"
-    with message_reads(app) as reads:
+    with recorded_statements(app) as statements:
         response = await client.get(url, headers=user.headers)
+    reads = message_reads(statements)
     assert response.status_code == 200
     assert response.text.count("data: ") == 2 and '"event_type":"message"' in response.text
     assert len(reads) == 1, reads  # the route's lookup; the reader reads no message of its own

@@ -22,10 +22,9 @@ from oasst_inference_server.dispatch.dispatcher import Dispatchers
 from oasst_inference_server.dispatch.fair_share import Ticket
 from oasst_inference_server.dispatch.handoff import Handoff
 from oasst_inference_server.dispatch.worker_connection import WorkerConnection
-from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import GeneratedText, Token, WorkerInfo
+from oasst_shared.protocol import GeneratedText, Token
 from tests.support.api import API, start_chat
-from tests.support.worker_socket import StandInSocket, stream_types, until
+from tests.support.worker_socket import StandInSocket, stand_in_connection, stream_types, until
 
 pytestmark = API
 
@@ -33,20 +32,8 @@ pytestmark = API
 @asynccontextmanager
 async def idle_worker(app: Any, model: str, socket: StandInSocket) -> AsyncIterator[WorkerConnection]:
     """A worker connection of ``model`` on the app's own dispatcher, which waits on the empty queue."""
-    info = WorkerInfo(
-        model_config=SMOLLM2_135M.model_copy(update={"name": model}),
-        max_parallel_requests=1,
-        backend_kind="fake",
-    )
     dispatcher = app.state.dispatchers.for_model(model)
-    conn = WorkerConnection(
-        socket,  # type: ignore[arg-type]
-        info,
-        settings=app.state.settings,
-        broker=app.state.broker,
-        lifecycle=app.state.lifecycle,
-        dispatcher=dispatcher,
-    )
+    conn = stand_in_connection(app, model, socket, dispatcher)
     task = asyncio.create_task(conn.run())
     try:
         await until(lambda: dispatcher.waiting)
@@ -279,18 +266,8 @@ async def _state_is(app: Any, message_id: str, state: str) -> bool:
 
 
 async def test_a_reservation_given_back_leaves_the_worker_as_free_as_it_reported(app, live_model):
-    info = WorkerInfo(
-        model_config=SMOLLM2_135M.model_copy(update={"name": live_model}),
-        max_parallel_requests=2,
-        backend_kind="fake",
-    )
-    conn = WorkerConnection(
-        StandInSocket(),  # type: ignore[arg-type]
-        info,
-        settings=app.state.settings,
-        broker=app.state.broker,
-        lifecycle=app.state.lifecycle,
-        dispatcher=app.state.dispatchers.for_model(live_model),
+    conn = stand_in_connection(
+        app, live_model, StandInSocket(), app.state.dispatchers.for_model(live_model), slots=2
     )
     conn.capacity.reported_free_slots = 2  # as its last pong said
     conn.reserve()

@@ -8,13 +8,14 @@ import asyncio
 from datetime import datetime, timedelta
 
 import pytest
-from sqlalchemy import event, update
+from sqlalchemy import update
 
 from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.dispatch import lease_extensions
 from oasst_inference_server.dispatch.lease_extensions import LeaseExtensions, lease_interval
 from oasst_inference_server.settings import Settings
 from tests.support.api import API, start_chat
+from tests.support.sql_statements import recorded_statements
 
 pytestmark = API
 
@@ -72,18 +73,9 @@ async def test_one_statement_extends_the_leases_of_every_worker_that_asked(app, 
     told = Told()
     for sid in ("ws-l1", "ws-l2"):  # ws-l3 is silent
         leases.extend_soon(sid, {held[sid]} | ({second} if sid == "ws-l1" else set()), told.callback(sid))
-    updates: list[str] = []
-
-    def count(conn, cursor, statement, *args) -> None:  # type: ignore[no-untyped-def]
-        if statement.lstrip().upper().startswith("UPDATE"):
-            updates.append(statement)
-
-    engine = app.state.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", count)
-    try:
+    with recorded_statements(app) as statements:
         await leases.flush()
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
+    updates = [text for text in statements if text.upper().startswith("UPDATE")]
     assert len(updates) == 1
     assert extended(await lease_of(app, held["ws-l1"])) and extended(await lease_of(app, second))
     assert extended(await lease_of(app, held["ws-l2"]))
