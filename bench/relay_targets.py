@@ -508,12 +508,13 @@ def main() -> None:
     p.add_argument("--profile-seconds", type=float, help="seconds of py-spy sampling per unmet target")
     p.add_argument("--rate", type=int, default=200, help="py-spy samples per second")
     p.add_argument("--skip-litellm", action="store_true")
-    p.add_argument(
+    only = p.add_mutually_exclusive_group()
+    only.add_argument(
         "--cpu-only",
         action="store_true",
         help="only the tokens per CPU-second (ours and the bare relay): no TTFT rounds, LiteLLM or profiles",
     )
-    p.add_argument(
+    only.add_argument(
         "--ttft-only",
         action="store_true",
         help="only the one-stream TTFT measurement (no CPU runs, no profiles)",
