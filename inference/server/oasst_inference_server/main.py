@@ -112,6 +112,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await asyncio.wait([recovery_task], timeout=3.0)
             await recovery.stop()
             await app.state.lifecycle.leases.close()
+            await app.state.lifecycle.state_checks.close()
             if lease_engine is not engine:
                 await lease_engine.dispose()
             await fanout.close()

@@ -57,24 +57,9 @@ class WorkerCapacity:
             self.tokens_per_second += SPEED_SMOOTHING * (tokens_per_second - self.tokens_per_second)
 
 
-def speed(worker: WorkerCapacity, default: float) -> float:
-    return worker.tokens_per_second or default
-
-
 def default_speed(workers: Iterable[WorkerCapacity]) -> float:
     known = sorted(w.tokens_per_second for w in workers if w.tokens_per_second)
     return known[len(known) // 2] if known else DEFAULT_TOKENS_PER_SECOND
-
-
-def finish_estimate(worker: WorkerCapacity, tokens: int, default: float) -> float:
-    """Seconds until ``worker`` would finish a job of ``tokens`` started now (it must have a free slot).
-
-    A backend that queues requests internally starts this one after the ones it already holds.
-    """
-    per_job = tokens / speed(worker, default)
-    queued = worker.backend_queue_length or 0
-    slots = max(1, worker.declared_slots)
-    return per_job * (1 + queued / slots)
 
 
 def choose_worker(
@@ -87,16 +72,42 @@ def choose_worker(
     Workers that take no user work (flagged, or untrusted where the model needs trusted ones) are skipped,
     and with ``trusted_only`` (the user's tier needs trusted workers) every untrusted one.
     """
-    candidates = list(workers)
-    default = default_speed(candidates)
-    best: tuple[float, int, str] | None = None
+    candidates = workers if isinstance(workers, list) else list(workers)
+    # The dispatch path runs this for every new job over all of a model's workers (100 workers: 60 us
+    # with the properties and key tuples, 9 us like this): one pass with ``free_slots`` and ``fits``
+    # inlined, and the median speed only where a worker has not measured its own. The estimate is the
+    # job's decode time, after the requests the backend already queues (``backend_queue_length``).
+    default: float | None = None
+    best_finish = best_free = 0.0
     chosen: WorkerCapacity | None = None
     for worker in candidates:
-        if not worker.takes_user_work or worker.free_slots <= 0 or not worker.fits(tokens):
+        if not worker.available or not worker.takes_user_work or (trusted_only and not worker.trusted):
             continue
-        if trusted_only and not worker.trusted:
+        free = worker.declared_slots - worker.in_flight
+        reported = worker.reported_free_slots
+        if reported is not None and reported < free:
+            free = reported
+        if free <= 0:
             continue
-        key = (finish_estimate(worker, tokens, default), -worker.free_slots, worker.session_id)
-        if best is None or key < best:
-            best, chosen = key, worker
+        kv_free = worker.kv_cache_free_tokens
+        if kv_free is not None and tokens > kv_free:
+            continue
+        tokens_per_second = worker.tokens_per_second
+        if not tokens_per_second:
+            if default is None:
+                default = default_speed(candidates)
+            tokens_per_second = default
+        finish = tokens / tokens_per_second
+        queued = worker.backend_queue_length
+        if queued:
+            finish *= 1 + queued / max(1, worker.declared_slots)
+        if (
+            chosen is None
+            or finish < best_finish
+            or (
+                finish == best_finish
+                and (free > best_free or (free == best_free and worker.session_id < chosen.session_id))
+            )
+        ):
+            chosen, best_finish, best_free = worker, finish, free
     return chosen

@@ -29,6 +29,7 @@ from oasst_inference_server.dispatch import events, fair_share, lease_extensions
 from oasst_inference_server.dispatch.capacity import DEFAULT_TOKENS_PER_SECOND
 from oasst_inference_server.dispatch.claim import CLAIM_VALUES, Taken, conversation, take, thread_to
 from oasst_inference_server.dispatch.lease_extensions import LeaseExtensions, lease_interval
+from oasst_inference_server.dispatch.state_checks import StateChecks
 from oasst_inference_server.settings import Settings
 from oasst_shared.chat_template import cut_to_budget
 from oasst_shared.protocol import (
@@ -122,6 +123,8 @@ class MessageLifecycle:
             lease_seconds=settings.lease_seconds,
             interval=lease_interval(settings),
         )
+        # Silent streams' readers ask for their message's state through it, batched.
+        self.state_checks = StateChecks(session_factory)
 
     # ------------------------------------------------------------ reads
     async def get(self, message_id: str) -> DbMessage | None:

@@ -67,10 +67,16 @@ async def read_message_events(
                 continue
             if await is_disconnected():
                 return
-            message = await lifecycle.get(message_id)
-            if message is None:
+            # One read for every silent reader of this process at this moment (state_checks); the whole
+            # message only where there is something to tell.
+            state = await lifecycle.state_checks.state(message_id)
+            if state is None:
                 return
-            state = MessageState(message.state)
+            if state.is_terminal or state == MessageState.pending:
+                message = await lifecycle.get(message_id)
+                if message is None:
+                    return
+                state = MessageState(message.state)
             if state.is_terminal:
                 # The database is updated just before the terminal event is appended: give it a moment
                 # to land, so the reader gets it with its id. Without a stream (expired), the
