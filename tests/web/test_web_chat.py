@@ -327,6 +327,10 @@ def forged_access_token(user_id: str, expires_in: int, secret: str = AUTH_SECRET
 
 
 def set_access_token(web: WebPage, token: str) -> None:
+    """Swap the stored access token, once the page's own requests are over: a request started after the
+    swap would refresh with the stored refresh token, and the reload that follows could cut that refresh
+    off after the server rotated the token (the new page would present the used one: reuse, signed out)."""
+    web.page.wait_for_load_state("networkidle")
     web.page.evaluate(
         """(token) => {
           const tokens = JSON.parse(localStorage.getItem('oasst.session'));
