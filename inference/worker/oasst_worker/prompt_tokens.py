@@ -25,41 +25,30 @@ def token_bound(text: str) -> int:
 
 
 class PromptCount:
-    """A prompt's token count for the usage report: known already, or counted in the background.
+    """A prompt's token count for the usage report: known already, reported by the backend, or asked of
+    it when the report is built.
 
-    ``known`` None: the count is not known (only its bound was needed); ``count(text)`` runs once the
-    answer's stream has ended (:meth:`result`), unless the backend reported the count itself. Not
-    while the answer streams: a second request to a backend with one slot (a llama.cpp server) while
-    its stream is open was seen to end that stream without a finish reason.
+    ``known`` None: the count is not known (only its bound was needed); ``count(text)`` is asked in
+    :meth:`result`, once the answer's stream has ended, unless the backend reported the count itself
+    meanwhile. Not while the answer streams: a second request to a backend with one slot (a llama.cpp
+    server) while its stream is open was seen to end that stream without a finish reason.
     """
 
     def __init__(self, text: str, known: int | None, count: Callable[[str], Awaitable[int]]) -> None:
         self._text = text
         self._tokens = known
         self._count = count
-        self._task: asyncio.Task[int] | None = None
-
-    def start(self) -> None:
-        if self._tokens is None and self._task is None:
-            self._task = asyncio.ensure_future(self._count(self._text))
 
     def reported(self, tokens: int) -> None:
         """The backend's own count, which beats ours."""
         self._tokens = tokens
-        self.cancel()
 
     async def result(self, wait: float | None = None) -> int:
-        """The count (started now if it was not); if the backend has not given it within ``wait``
-        seconds, the estimate the worker uses when the backend cannot count."""
+        """The count; if the backend has not given it within ``wait`` seconds, the estimate the worker
+        uses when the backend cannot count."""
         if self._tokens is None:
-            self.start()
-            assert self._task is not None
-            done, _ = await asyncio.wait([self._task], timeout=wait)
-            self._tokens = self._task.result() if done else approximate_token_count(self._text)
-            self.cancel()
+            try:
+                self._tokens = await asyncio.wait_for(self._count(self._text), wait)
+            except asyncio.TimeoutError:
+                self._tokens = approximate_token_count(self._text)
         return self._tokens
-
-    def cancel(self) -> None:
-        """Stop counting (the job ends without a result, or the backend told us)."""
-        if self._task is not None and not self._task.done():
-            self._task.cancel()

@@ -74,7 +74,7 @@ def choose_worker(
     """
     candidates = workers if isinstance(workers, list) else list(workers)
     # The dispatch path runs this for every new job over all of a model's workers (100 workers: 60 us
-    # with the properties and key tuples, 9 us like this): one pass with ``free_slots`` and ``fits``
+    # with the properties and key tuples, 12 us like this): one pass with ``free_slots`` and ``fits``
     # inlined, and the median speed only where a worker has not measured its own. The estimate is the
     # job's decode time, after the requests the backend already queues (``backend_queue_length``).
     default: float | None = None

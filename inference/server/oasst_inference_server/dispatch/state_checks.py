@@ -35,16 +35,20 @@ class StateChecks:
     def __init__(self, sessions: async_sessionmaker[AsyncSession], window: float = WINDOW_SECONDS) -> None:
         self._sessions = sessions
         self._window = window
-        self._asked: dict[str, list[asyncio.Future[MessageState | None]]] = {}
-        self._batch: asyncio.Task[None] | None = None
+        # The messages asked about since the current batch started, and that batch: it reads them all
+        # once its window has passed.
+        self._asked: set[str] = set()
+        self._batch: asyncio.Task[dict[str, MessageState]] | None = None
 
     async def state(self, message_id: str) -> MessageState | None:
         """The message's state in the database, None if it has no such message."""
-        future: asyncio.Future[MessageState | None] = asyncio.get_running_loop().create_future()
-        self._asked.setdefault(message_id, []).append(future)
-        if self._batch is None:
-            self._batch = asyncio.create_task(self._answer(), name="message state checks")
-        return await future
+        self._asked.add(message_id)
+        batch = self._batch
+        if batch is None:
+            batch = self._batch = asyncio.create_task(self._answer(), name="message state checks")
+            batch.add_done_callback(_retrieved)
+        # Shielded: an asker that leaves does not cancel the read of the others.
+        return (await asyncio.shield(batch)).get(message_id)
 
     async def close(self) -> None:
         """Stop answering: the questions still open are cancelled."""
@@ -52,33 +56,15 @@ class StateChecks:
             self._batch.cancel()
             with contextlib.suppress(BaseException):
                 await self._batch
-        for future in _waiting(self._asked):
-            future.cancel()
 
-    async def _answer(self) -> None:
-        asked: dict[str, list[asyncio.Future[MessageState | None]]] = {}
+    async def _answer(self) -> dict[str, MessageState]:
         try:
-            try:
-                await asyncio.sleep(self._window)
-            finally:
-                # Questions asked from here on start the next batch.
-                asked, self._asked, self._batch = self._asked, {}, None
-            states = await self._read(sorted(asked))
-        except asyncio.CancelledError:
-            for future in _waiting(asked):
-                future.cancel()
-            raise
-        except Exception as exc:  # every reader that asked fails as its own read would have
-            for future in _waiting(asked):
-                future.set_exception(exc)
-            return
-        for message_id, futures in asked.items():
-            for future in futures:
-                if not future.done():
-                    future.set_result(states.get(message_id))
-
-    async def _read(self, ids: list[str]) -> dict[str, MessageState]:
+            await asyncio.sleep(self._window)
+        finally:
+            # Questions asked from here on start the next batch.
+            asked, self._asked, self._batch = self._asked, set(), None
         states: dict[str, MessageState] = {}
+        ids = sorted(asked)
         async with self._sessions() as session:
             for start in range(0, len(ids), IDS_PER_STATEMENT):
                 chunk = ids[start : start + IDS_PER_STATEMENT]
@@ -89,7 +75,7 @@ class StateChecks:
         return states
 
 
-def _waiting(
-    asked: dict[str, list[asyncio.Future[MessageState | None]]],
-) -> list[asyncio.Future[MessageState | None]]:
-    return [future for futures in asked.values() for future in futures if not future.done()]
+def _retrieved(batch: asyncio.Task[dict[str, MessageState]]) -> None:
+    """Mark a failed batch's error as seen: every asker may have left before it failed."""
+    if not batch.cancelled():
+        batch.exception()

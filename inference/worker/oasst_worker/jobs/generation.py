@@ -136,9 +136,6 @@ class GenerationJob:
         except ChatTemplateError as exc:
             await send(WorkerError(message_id=message_id, error=str(exc), retryable=False))
             return "prompt_error"
-        finally:
-            if self._prompt_count is not None:
-                self._prompt_count.cancel()  # no result needs it any more
         await send(result)
         return "cancelled" if result.finish_reason == "cancelled" else "complete"
 
