@@ -140,7 +140,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             allow_headers=["*"],
         )
     # Outermost: bodies are bounded and checked before CORS, authentication or parsing.
-    app.add_middleware(EdgeGuard, max_body_bytes=settings.max_request_body_bytes)
+    app.add_middleware(
+        EdgeGuard, max_body_bytes=settings.max_request_body_bytes, body_timeout=settings.request_body_timeout
+    )
     if settings.metrics_enabled:
         app.include_router(metrics.router)
     # chat_management before chats: its /chats/hide_all must win over /chats/{chat_id}.

@@ -59,6 +59,12 @@ WORKERS_FLAGGED = Counter(
 )
 CANCELS = Counter("oasst_server_cancels_total", "Cancel requests", registry=REGISTRY)
 ERRORS = Counter("oasst_server_errors_total", "Errors by kind", ["kind"], registry=REGISTRY)
+CONNECTIONS_REFUSED = Counter(
+    "oasst_server_connections_refused_total",
+    "Connections answered and closed before a request: over_cap, header_timeout, header_too_large",
+    ["reason"],
+    registry=REGISTRY,
+)
 TOKENS = Counter(
     "oasst_server_tokens_relayed_total", "Tokens relayed to readers", ["model"], registry=REGISTRY
 )

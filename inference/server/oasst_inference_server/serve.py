@@ -1,12 +1,22 @@
-"""Run the server with uvicorn: one process, or ``settings.processes`` sharing the port."""
+"""Run the server with uvicorn: one process, or ``settings.processes`` sharing the port.
+
+Both ways run the same protocol class with the same limits on connections and request heads
+(:mod:`.api.connection_guard`): every way of starting the server (``oasst-server``, ``make up``, the
+images, the Kubernetes manifests, ``full-dev-setup.sh``) comes through :func:`run`.
+"""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from loguru import logger
+from uvicorn.config import STARTUP_FAILURE
+from uvicorn.supervisors import Multiprocess
 
+from oasst_inference_server.api.connection_guard import ConnectionLimits, GuardedConfig, usable_connections
 from oasst_inference_server.logging_setup import configure_logging
 from oasst_inference_server.main import create_app
 from oasst_inference_server.settings import Settings, get_settings
@@ -31,18 +41,45 @@ def app_factory() -> FastAPI:
     return create_app(settings)
 
 
+def connection_limits(settings: Settings) -> ConnectionLimits:
+    limits = ConnectionLimits(
+        header_timeout=settings.request_header_timeout,
+        max_header_bytes=settings.max_request_header_bytes,
+        max_connections=usable_connections(settings.max_connections),
+    )
+    if limits.max_connections < settings.max_connections:
+        logger.warning(
+            "at most {} connections per process (OASST_SERVER_MAX_CONNECTIONS is {}, but the open-file "
+            "limit allows no more)",
+            limits.max_connections,
+            settings.max_connections,
+        )
+    return limits
+
+
 def run(settings: Settings | None = None) -> None:
     settings = settings or get_settings()
     configure_logging(settings.log_level)
-    if settings.processes == 1:
-        uvicorn.run(create_app(settings), host=settings.host, port=settings.port, **_UVICORN_OPTIONS)
-        return
-    # Separate processes import the app by name; uvicorn's supervisor restarts one that dies.
-    uvicorn.run(
-        f"{__name__}:app_factory",
-        factory=True,
+    limits = connection_limits(settings)
+    several = settings.processes > 1
+    config = GuardedConfig(
+        # Separate processes import the app by name; uvicorn's supervisor restarts one that dies.
+        f"{__name__}:app_factory" if several else create_app(settings),
+        limits=limits,
+        factory=several,
         workers=settings.processes,
         host=settings.host,
         port=settings.port,
         **_UVICORN_OPTIONS,
     )
+    # What uvicorn.run does with a configuration (0.54 and later), for a configuration of our own.
+    server = uvicorn.Server(config)
+    try:
+        if several:
+            Multiprocess(config, sockets=[config.bind_socket()]).run()
+        else:
+            server.run()
+    except KeyboardInterrupt:
+        pass
+    if not several and not server.started:
+        sys.exit(STARTUP_FAILURE)

@@ -233,6 +233,29 @@ class Settings(BaseSettings):
         ge=1024,
         description="Largest request body, checked from Content-Length and while it streams in (413)",
     )
+    request_body_timeout: float = Field(
+        default=60.0,
+        gt=0,
+        description="Seconds a request body may take to arrive whole (then 408 and the connection closes)",
+    )
+    request_header_timeout: float = Field(
+        default=15.0,
+        gt=0,
+        description="Seconds a connection may take to send a whole request line and headers, from when it "
+        "opens or from the first byte of its next request (then 408 and it closes)",
+    )
+    max_request_header_bytes: int = Field(
+        default=32 * 1024,
+        ge=4096,
+        description="Largest request line plus headers (then 431 and the connection closes)",
+    )
+    max_connections: int = Field(
+        default=16_384,
+        ge=1,
+        description="Open connections per server process (HTTP, event streams and worker sockets); past it "
+        "a new connection is answered 503 and closed, the open ones are untouched. Lowered at start to "
+        "what the process's open-file limit allows",
+    )
 
     # ------------------------------------------------------------ what production serves
     docs_enabled: bool | None = Field(

@@ -5,6 +5,11 @@ authentication, routing and body parsing:
 
 - a ``Content-Length`` over ``max_request_body_bytes`` is refused with 413 before a byte is read,
   and so is a body (chunked, or lying about its length) that grows past it while it streams in;
+- a body that has not arrived whole within ``body_timeout`` seconds is refused with 408 (a client that
+  sends a byte now and then would otherwise hold its connection and its task for ever);
+- a JSON body that nests arrays and objects more than ``MAX_JSON_DEPTH`` levels deep is refused with
+  422 (400 under ``/v1/``) before it is parsed: past their limits the parsers behind this one fail
+  with errors of their own (a ``RecursionError``, a worker frame that cannot be read back);
 - text that is not valid Unicode is refused with 422 (400 under ``/v1/``): bytes that are not UTF-8,
   a NUL character, or a JSON ``\\u`` escape of NUL or of a lone surrogate, in the body, the path or
   the query string. Such text would otherwise reach Postgres (which refuses NUL in text) or a worker
@@ -12,10 +17,13 @@ authentication, routing and body parsing:
 
 The body is read whole (it is bounded) and handed to the application as one message; later
 ``receive`` calls go to the server, so disconnect detection of streaming responses still works.
+The request head (line and headers) is bounded below this, where uvicorn reads it
+(:mod:`.connection_guard`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 from urllib.parse import unquote_to_bytes
 
@@ -23,6 +31,8 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from oasst_inference_server.api.error_handlers import OPENAI_PATH_PREFIX, openai_error
+from oasst_shared.json_depth import json_depth
+from oasst_shared.limits import MAX_JSON_DEPTH
 
 # A backslash escape of a JSON string: \uXXXX captured, any other escape consumed whole so that an
 # escaped backslash followed by "u0000" is not mistaken for an escape.
@@ -109,9 +119,10 @@ async def _no_receive() -> Message:
 
 
 class EdgeGuard:
-    def __init__(self, app: ASGIApp, *, max_body_bytes: int) -> None:
+    def __init__(self, app: ASGIApp, *, max_body_bytes: int, body_timeout: float) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.body_timeout = body_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -128,33 +139,60 @@ class EdgeGuard:
         if isinstance(declared, int) and declared > self.max_body_bytes:
             await _refuse(scope, send, 413, "request_too_large", self._too_large(declared))
             return
+        try:
+            async with asyncio.timeout(self.body_timeout):
+                body = await self._read_body(receive)
+        except TimeoutError:
+            detail = (
+                f"the request body did not arrive within {self.body_timeout:g} seconds "
+                "(OASST_SERVER_REQUEST_BODY_TIMEOUT)"
+            )
+            await _refuse(scope, send, 408, "request_timeout", detail)
+            return
+        except _BodyTooLarge as exc:
+            await _refuse(scope, send, 413, "request_too_large", self._too_large(exc.size, more=True))
+            return
+        if body is None:
+            return  # the client left before its body arrived: nothing to answer
+        if body:
+            json_body = _is_json(scope)
+            problem = text_problem(body, json_escapes=json_body)
+            if problem:
+                await _refuse(scope, send, 422, "invalid_text", problem.replace("the text", "the body"))
+                return
+            depth = json_depth(body) if json_body else 0
+            if depth > MAX_JSON_DEPTH:
+                detail = f"the body nests arrays and objects {depth} levels deep; this server accepts {MAX_JSON_DEPTH}"
+                await _refuse(scope, send, 422, "json_too_deep", detail)
+                return
+        await self.app(scope, _replay(body, receive), send)
+
+    async def _read_body(self, receive: Receive) -> bytes | None:
+        """The whole body, or None if the client disconnected first."""
         chunks: list[bytes] = []
         size = 0
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
-                return  # the client left before its body arrived: nothing to answer
+                return None
             chunk = message.get("body", b"")
             size += len(chunk)
             if size > self.max_body_bytes:
-                await _refuse(scope, send, 413, "request_too_large", self._too_large(size, more=True))
-                return
+                raise _BodyTooLarge(size)
             chunks.append(chunk)
             if not message.get("more_body", False):
-                break
-        body = b"".join(chunks)
-        if body:
-            problem = text_problem(body, json_escapes=_is_json(scope))
-            if problem:
-                await _refuse(scope, send, 422, "invalid_text", problem.replace("the text", "the body"))
-                return
-        await self.app(scope, _replay(body, receive), send)
+                return b"".join(chunks)
 
     def _too_large(self, size: int, *, more: bool = False) -> str:
         return (
             f"the request body has {'more than ' if more else ''}{size} bytes; "
             f"this server accepts {self.max_body_bytes} (OASST_SERVER_MAX_REQUEST_BODY_BYTES)"
         )
+
+
+class _BodyTooLarge(Exception):
+    def __init__(self, size: int) -> None:
+        self.size = size
 
 
 def _replay(body: bytes, receive: Receive) -> Receive:

@@ -137,6 +137,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        # Starlette re-raises the exception after this answer and uvicorn then closes the connection
+        # (what else the request left unread is unknown): the answer says so.
+        close = {"Connection": "close"}
         if is_outage(exc):
             # The database or the broker is briefly unreachable: ask again later, not a server fault.
             logger.warning(
@@ -146,7 +149,7 @@ def install_error_handlers(app: FastAPI) -> None:
                 type(exc).__name__,
                 exc,
             )
-            headers = {"Retry-After": str(RETRY_AFTER_SECONDS)}
+            headers = {"Retry-After": str(RETRY_AFTER_SECONDS), **close}
             detail = "the service is briefly unavailable; retry shortly"
             if _is_openai(request):
                 return openai_error(503, detail, "service_unavailable", headers=headers)
@@ -155,5 +158,7 @@ def install_error_handlers(app: FastAPI) -> None:
             )
         logger.opt(exception=exc).error("unhandled error on {} {}", request.method, request.url.path)
         if _is_openai(request):
-            return openai_error(500, "internal server error", "internal_error")
-        return JSONResponse({"detail": "internal server error", "code": "internal_error"}, status_code=500)
+            return openai_error(500, "internal server error", "internal_error", headers=close)
+        return JSONResponse(
+            {"detail": "internal server error", "code": "internal_error"}, status_code=500, headers=close
+        )

@@ -133,7 +133,11 @@ def check_state(settings: Settings, provider: OAuthProvider, state: str, cookie_
     if claims.get("kind") != _STATE_KIND or claims.get("provider") != provider.name:
         raise InvalidRequest("oauth_state_invalid", "invalid OAuth state")
     nonce = claims.get("nonce")
-    if not cookie_nonce or not isinstance(nonce, str) or not secrets.compare_digest(nonce, cookie_nonce):
+    if (
+        not cookie_nonce
+        or not isinstance(nonce, str)
+        or not secrets.compare_digest(nonce.encode(), cookie_nonce.encode())
+    ):
         raise InvalidRequest("oauth_state_mismatch", "this sign-in was not started in this browser")
 
 

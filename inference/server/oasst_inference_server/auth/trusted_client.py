@@ -17,7 +17,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hmac
-import json
 
 from loguru import logger
 from pydantic import BaseModel, Field, ValidationError
@@ -28,6 +27,7 @@ from oasst_inference_server.db.models import DbUser
 from oasst_inference_server.domain_errors import Conflict, NotAuthenticated
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.trusted_client_names import trusted_provider
+from oasst_shared.json_depth import json_depth
 
 TRUSTED_CLIENT_HEADER = "TrustedClient"
 
@@ -45,14 +45,28 @@ def encode_trusted_client(info: TrustedClient) -> str:
     return base64.b64encode(info.model_dump_json().encode()).decode()
 
 
+# The base64 of the largest header the model allows (every field at its longest, its JSON escapes
+# included), rounded up: anything longer is refused before it is decoded.
+MAX_TRUSTED_CLIENT_HEADER = 8192
+
+
 def parse_trusted_client(header: str) -> TrustedClient:
+    invalid = NotAuthenticated(
+        "invalid_trusted_client", "the TrustedClient header is not base64 JSON of the expected shape"
+    )
+    if len(header) > MAX_TRUSTED_CLIENT_HEADER:
+        raise invalid
     try:
         raw = base64.b64decode(header.strip(), validate=False)
-        return TrustedClient.model_validate(json.loads(raw))
-    except (binascii.Error, ValueError, ValidationError, UnicodeDecodeError):
-        raise NotAuthenticated(
-            "invalid_trusted_client", "the TrustedClient header is not base64 JSON of the expected shape"
-        ) from None
+    except (binascii.Error, ValueError):
+        raise invalid from None
+    # One flat object: anything nested is refused before a parser meets it.
+    if json_depth(raw) > 1:
+        raise invalid
+    try:
+        return TrustedClient.model_validate_json(raw)
+    except ValidationError:
+        raise invalid from None
 
 
 def _client_of_key(settings: Settings, api_key: str) -> str | None:

@@ -53,6 +53,12 @@ def _key_is_valid(key: str | None, valid_keys: list[str]) -> bool:
     return any(hmac.compare_digest(key.encode(), k.encode()) for k in valid_keys)
 
 
+def _protocol_version(raw: str) -> int:
+    """The version a worker's header names; 0 (unsupported) unless it is a few ASCII digits (``isdigit``
+    alone also takes digits such as a superscript two, which ``int`` refuses)."""
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) <= 6 else 0
+
+
 @router.websocket("/work")
 async def worker_work(
     websocket: WebSocket,
@@ -83,11 +89,11 @@ async def worker_work(
         return
     await websocket.accept()
     raw_version = websocket.headers.get(PROTOCOL_VERSION_HEADER, "")
-    version = int(raw_version) if raw_version.isdigit() else 0
+    version = _protocol_version(raw_version)
     if not MIN_SUPPORTED_PROTOCOL_VERSION <= version <= PROTOCOL_VERSION:
         detail = (
             f"this server speaks worker protocol {MIN_SUPPORTED_PROTOCOL_VERSION}..{PROTOCOL_VERSION}, "
-            f"the worker sent {raw_version or 'none'}: upgrade the "
+            f"the worker sent {raw_version[:16] or 'none'}: upgrade the "
             f"{'worker' if version < MIN_SUPPORTED_PROTOCOL_VERSION else 'server'}"
         )
         logger.warning("refused a worker from {}: {}", websocket.client, detail)
