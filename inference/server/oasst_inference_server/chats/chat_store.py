@@ -216,9 +216,13 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         moment, chat_id = raw.split("|", 1)
-        return datetime.fromisoformat(moment), chat_id
+        when = datetime.fromisoformat(moment)
     except (binascii.Error, ValueError, UnicodeDecodeError):
-        raise InvalidRequest("invalid_cursor", f"{cursor[:40]!r} is not a cursor from this API") from None
+        when = None
+    # The cursors this API writes carry their time zone; the column refuses a time without one.
+    if when is None or when.tzinfo is None:
+        raise InvalidRequest("invalid_cursor", f"{cursor[:40]!r} is not a cursor from this API")
+    return when, chat_id
 
 
 async def list_user_chats(
