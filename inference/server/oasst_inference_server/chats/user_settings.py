@@ -5,6 +5,7 @@ from __future__ import annotations
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db.models import DbUserSettings, utcnow
+from oasst_inference_server.db.stored_json import read_stored
 from oasst_inference_server.domain_errors import InvalidValue
 from oasst_shared.schemas import UserSettings
 
@@ -14,7 +15,8 @@ MAX_SETTINGS_BYTES = 8192
 
 async def load_user_settings(session: AsyncSession, user_id: str) -> UserSettings:
     row = await session.get(DbUserSettings, user_id)
-    return UserSettings.model_validate(row.settings) if row is not None else UserSettings()
+    stored = read_stored(UserSettings, row.settings, what=f"settings of user {user_id}") if row else None
+    return stored or UserSettings()
 
 
 async def save_user_settings(session: AsyncSession, user_id: str, settings: UserSettings) -> UserSettings:

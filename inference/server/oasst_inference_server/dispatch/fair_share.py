@@ -17,6 +17,7 @@ from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser
+from oasst_inference_server.db.stored_json import stored_object
 from oasst_inference_server.settings import Settings
 from oasst_shared.schemas import SchedulingRequest
 
@@ -119,13 +120,11 @@ async def new_ticket(
         ).one()
         chars = int(chars) + len(message.system_prompt or "")
     else:
-        payload = message.request_payload or {}
+        payload = stored_object(message.request_payload)
         chars = sum(len(str(payload.get(key) or "")) for key in ("thread", "raw_prompt", "inputs"))
-    max_new = (
-        0
-        if message.kind == "embedding"
-        else int((message.sampling_parameters or {}).get("max_new_tokens", 0))
-    )
+    stored_max = stored_object(message.sampling_parameters).get("max_new_tokens")
+    # An estimate: a stored value of another type counts as none (the claim refuses such a message).
+    max_new = stored_max if message.kind != "embedding" and type(stored_max) is int else 0
     bound = settings.max_request_priority
     priority = max(-bound, min(bound, requested.priority))
     return Ticket(

@@ -25,6 +25,7 @@ from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError
 from oasst_inference_server.broker.session_view import WorkerSessionView
 from oasst_inference_server.db.models import DbMessage, utcnow
+from oasst_inference_server.db.stored_json import read_stored, stored_object
 from oasst_inference_server.dispatch import events, fair_share, lease_extensions
 from oasst_inference_server.dispatch.capacity import DEFAULT_TOKENS_PER_SECOND
 from oasst_inference_server.dispatch.claim import CLAIM_VALUES, Taken, conversation, take, thread_to
@@ -82,10 +83,8 @@ def to_message_read(message: DbMessage) -> MessageRead:
         state=MessageState(message.state),
         score=message.score,
         model_config_name=message.model_config_name,
-        sampling_parameters=(
-            SamplingParameters.model_validate(message.sampling_parameters)
-            if message.sampling_parameters is not None
-            else None
+        sampling_parameters=read_stored(
+            SamplingParameters, message.sampling_parameters, what=f"message {message.id}: sampling_parameters"
         ),
         system_prompt=message.system_prompt,
         error=message.error,
@@ -98,8 +97,8 @@ def to_message_read(message: DbMessage) -> MessageRead:
 
 
 def _tool_calls(message: DbMessage) -> list[ToolCall] | None:
-    calls = (message.result_payload or {}).get("tool_calls") if message.kind != "embedding" else None
-    return [ToolCall.model_validate(c) for c in calls] if isinstance(calls, list) and calls else None
+    calls = stored_object(message.result_payload).get("tool_calls") if message.kind != "embedding" else None
+    return read_stored(list[ToolCall], calls, what=f"message {message.id}: tool_calls") or None
 
 
 class MessageLifecycle:
@@ -597,7 +596,9 @@ def _claimed(taken: Taken, max_input_tokens: int | None, protocol_version: int) 
     :class:`UnsendableMessage` if no frame can carry it."""
     try:
         work = _work_frame(taken, max_input_tokens)
-    except (ValidationError, ValueError) as exc:
+    # A stored request of another shape than today's (a list where a list of turns belongs...) is a
+    # TypeError or a ValidationError: the message fails, alone.
+    except (ValidationError, ValueError, TypeError) as exc:
         raise UnsendableMessage(f"the conversation cannot be sent to a worker: {_first_error(exc)}") from None
     frame = dump_work(work, protocol_version) if isinstance(work, Work) else dump_frame(work)
     size = frame_bytes(frame)
@@ -611,6 +612,8 @@ def _claimed(taken: Taken, max_input_tokens: int | None, protocol_version: int) 
 def _work_frame(taken: Taken, max_input_tokens: int | None = None) -> Work | EmbedWork:
     message = taken.message
     payload = message.request_payload or {}
+    if not isinstance(payload, dict):
+        raise ValueError("its stored request is not a JSON object")
     if message.kind == "embedding":
         return EmbedWork(
             message_id=message.id,
