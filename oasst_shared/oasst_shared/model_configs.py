@@ -23,6 +23,11 @@ class ParameterConfig(BaseModel):
     )
 
 
+# For pydantic's patterns, which search with Rust's regex: its "$" is the end of the text (Python's re
+# would also take a name ending in "\n"; re.fullmatch it there).
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9_.:/@+-]+$"
+
+
 class ModelConfig(BaseModel):
     """One servable model. ``name`` is what clients ask for; ``model_id`` is what the backend loads.
 
@@ -35,7 +40,7 @@ class ModelConfig(BaseModel):
     name: str = Field(
         min_length=1,
         max_length=128,
-        pattern=r"^[A-Za-z0-9_.:/@+-]+$",
+        pattern=MODEL_NAME_PATTERN,
         description="What clients ask for; the key of the work queue.",
     )
     model_id: str = Field(

@@ -152,7 +152,11 @@ class TextContentPart(_Request):
 class ChatMessage(_Request):
     role: str
     content: str | list[TextContentPart] | None = None
-    name: str | None = None
+    # OpenAI's bound on the author's name (no white space, <, |, \\, / or >), and no control
+    # characters; accepted, and not used.
+    name: str | None = Field(
+        default=None, min_length=1, max_length=256, pattern=r"^[^\s<|\\/>\x00-\x1f\x7f]+$"
+    )
     tool_calls: list[ToolCall] | None = None
     tool_call_id: str | None = Field(default=None, max_length=256)
 

@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from oasst_shared.limits import MAX_MESSAGE_LENGTH as MAX_MESSAGE_LENGTH  # re-exported for clients
 from oasst_shared.limits import MAX_TITLE_LENGTH
 from oasst_shared.logprobs import TokenLogprob
-from oasst_shared.model_configs import ParameterConfig
+from oasst_shared.model_configs import MODEL_NAME_PATTERN, ParameterConfig
 from oasst_shared.sampling import SamplingParameters
 from oasst_shared.tool_calls import ToolCall
 
@@ -413,9 +413,9 @@ class WorkerLimits(_Request):
     """What a worker key allows; a worker that announces more is refused (close code 4003).
     None: any model config, ``max_slots_per_worker`` slots, any number of sockets."""
 
-    allowed_models: list[Annotated[str, Field(min_length=1, max_length=128)]] | None = Field(
-        default=None, max_length=100, description="The model config names the key may serve"
-    )
+    allowed_models: (
+        list[Annotated[str, Field(min_length=1, max_length=128, pattern=MODEL_NAME_PATTERN)]] | None
+    ) = Field(default=None, max_length=100, description="The model config names the key may serve")
     max_slots: int | None = Field(default=None, ge=1, le=1024, description="Parallel requests per socket")
     max_sockets: int | None = Field(default=None, ge=1, le=10_000, description="Sockets open at once")
 

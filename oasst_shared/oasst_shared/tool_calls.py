@@ -18,13 +18,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_TOOLS = 128  # OpenAI's limit
 MAX_SCHEMA_CHARACTERS = 64_000  # a JSON schema (parameters, response format), serialised
-_FUNCTION_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+# Matched against the whole name (fullmatch): with re.match, "$" would also take a name ending in "\n".
+_FUNCTION_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
 def check_schema_size(schema: dict[str, Any]) -> dict[str, Any]:
     if len(json.dumps(schema)) > MAX_SCHEMA_CHARACTERS:
         raise ValueError(f"the JSON schema exceeds {MAX_SCHEMA_CHARACTERS} characters")
     return schema
+
+
+def check_function_name(value: str) -> str:
+    if not _FUNCTION_NAME.fullmatch(value):
+        raise ValueError("a function name has 1 to 64 characters among a-z, A-Z, 0-9, _ and -")
+    return value
 
 
 class FunctionDefinition(BaseModel):
@@ -46,9 +53,7 @@ class FunctionDefinition(BaseModel):
     @field_validator("name")
     @classmethod
     def _valid_name(cls, value: str) -> str:
-        if not _FUNCTION_NAME.match(value):
-            raise ValueError("a function name has 1 to 64 characters among a-z, A-Z, 0-9, _ and -")
-        return value
+        return check_function_name(value)
 
     @field_validator("parameters")
     @classmethod
@@ -65,6 +70,11 @@ class ToolDefinition(BaseModel):
 
 class NamedFunction(BaseModel):
     name: str = Field(description="Its name.")
+
+    @field_validator("name")
+    @classmethod
+    def _valid_name(cls, value: str) -> str:
+        return check_function_name(value)
 
 
 class NamedToolChoice(BaseModel):

@@ -20,7 +20,7 @@ def parse_trusted_client_entry(entry: str) -> tuple[str, str]:
     name, sep, key = entry.partition(":")
     if not sep:
         return DEFAULT_CLIENT_NAME, entry
-    if not _NAME.match(name):
+    if not _NAME.fullmatch(name):  # re.match would take a name ending in a newline
         raise ValueError(
             f"OASST_SERVER_TRUSTED_CLIENT_API_KEYS: client name {name[:40]!r} must match {CLIENT_NAME_PATTERN}"
         )
