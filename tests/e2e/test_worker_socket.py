@@ -94,7 +94,10 @@ async def test_wrong_api_key_is_refused(stack):
     assert refused.value.response.status_code == 403
 
 
-@pytest.mark.parametrize("version", [0, PROTOCOL_VERSION + 1, "x"])
+# "\u00b2" (a superscript two) is a digit to str.isdigit but not to int(); int() refuses 5,000 digits.
+@pytest.mark.parametrize(
+    "version", [0, PROTOCOL_VERSION + 1, "x", "\u00b2", "9" * 5000], ids=["0", "next", "x", "sup2", "huge"]
+)
 async def test_unsupported_protocol_version_is_told_to_upgrade(stack, version):
     async with connect(f"{stack.ws_url}/workers/work", additional_headers=headers(version=version)) as ws:
         frame = json.loads(await asyncio.wait_for(ws.recv(), 5))

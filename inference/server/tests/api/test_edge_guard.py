@@ -3,6 +3,7 @@ and what production serves."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import secrets
 from collections.abc import AsyncIterator
@@ -150,3 +151,31 @@ async def test_production_serves_docs_and_metrics_only_when_configured(settings)
     assert await _served(metrics, "/metrics", {"Authorization": f"Bearer {token}"}) == 200
     docs = production_settings(settings, docs_enabled=True)
     assert await _served(docs, "/openapi.json") == 200
+
+
+async def test_a_body_that_does_not_arrive_in_time_is_refused_with_408(settings):
+    app = create_app(settings.model_copy(update={"request_body_timeout": 0.5}))
+    sent = 0
+
+    async def trickle() -> AsyncIterator[bytes]:
+        nonlocal sent
+        for byte in b'{"title": "a title that arrives a byte at a time"}':
+            sent += 1
+            yield bytes([byte])
+            await asyncio.sleep(0.1)
+
+    transport = httpx.ASGITransport(app=app)
+    async with (
+        LifespanManager(app, startup_timeout=60, shutdown_timeout=30),
+        httpx.AsyncClient(transport=transport, base_url="http://testserver") as http,
+    ):
+        # No credentials: the deadline is the edge's, before authentication.
+        response = await http.post("/chats", content=trickle(), headers={"Content-Type": "application/json"})
+        body = assert_error(response, 408, "request_timeout")
+        assert "OASST_SERVER_REQUEST_BODY_TIMEOUT" in body["detail"]
+        assert response.headers["connection"] == "close"
+        assert sent < 20  # the rest was never read
+        response = await http.post("/v1/chat/completions", content=trickle())
+        assert response.status_code == 408 and response.json()["error"]["code"] == "request_timeout"
+        # A body that arrives in time passes (and meets authentication).
+        assert (await http.post("/chats", json={"title": "t"})).status_code == 401
