@@ -54,6 +54,12 @@ def connection_limits(settings: Settings) -> ConnectionLimits:
             limits.max_connections,
             settings.max_connections,
         )
+    logger.info(
+        "connections: at most {} open per process; a request head within {:g} s and {} bytes",
+        limits.max_connections,
+        limits.header_timeout,
+        limits.max_header_bytes,
+    )
     return limits
 
 
