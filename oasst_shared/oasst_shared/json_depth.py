@@ -8,11 +8,9 @@ so whatever reads JSON from outside measures it first and refuses it with a clea
 
 from __future__ import annotations
 
-import re
 from itertools import accumulate
 from typing import Any
 
-_STRING = re.compile(rb'"[^"]*"')
 _NOT_BRACKETS = bytes(range(256)).translate(None, b"[]{}")
 # An opening bracket becomes +1, a closing one -1 (0xff read as a signed byte).
 _SIGNS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
@@ -21,15 +19,19 @@ _SIGNS = bytes.maketrans(b"[]{}", b"\x01\xff\x01\xff")
 def json_depth(text: bytes) -> int:
     """The deepest nesting of arrays and objects in JSON ``text`` (0 for a scalar).
 
-    Brackets inside strings do not count. Runs at C speed whatever the text holds (about 30 ms for
-    2 MiB of brackets, 1 ms for 2 MiB of text): the strings are removed with two replacements and one
-    regular expression that cannot backtrack, and the depth is the largest running sum of the brackets
-    that remain. Malformed JSON gets a number too; the parser refuses it afterwards.
+    Brackets inside strings do not count. Runs at C speed whatever the text holds, about as fast as
+    ``json.loads`` itself and never much slower (measured: 5 us for an ordinary chat request, 150 us
+    for 20 tools in 11 KB, 1 ms for 2 MiB of text, under 200 ms for the worst 2 MiB): the strings are
+    cut out with two replacements and a split on quotes, and the depth is the largest running sum of
+    the brackets that remain. Malformed JSON gets a number too, never less than the depth a parser
+    reaches before it finds the fault; the parser refuses it afterwards.
     """
+    if b"\\" in text:
+        # An escaped backslash, then an escaped quote, left to right as a JSON reader pairs escapes:
+        # every quote left delimits a string.
+        text = text.replace(b"\\\\", b"").replace(b'\\"', b"")
     if b'"' in text:
-        # An escaped backslash, then an escaped quote: what is left of each string is "...", with no
-        # quote inside (left to right, as a JSON reader pairs escapes).
-        text = _STRING.sub(b"", text.replace(b"\\\\", b"").replace(b'\\"', b""))
+        text = b"".join(text.split(b'"')[::2])  # what lies between strings
     signs = text.translate(_SIGNS, _NOT_BRACKETS)
     return max(0, max(accumulate(memoryview(signs).cast("b")), default=0))
 
