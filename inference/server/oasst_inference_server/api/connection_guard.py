@@ -32,13 +32,12 @@ from typing import Any, cast
 
 import uvicorn
 from loguru import logger
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from uvicorn.server import ServerState
 
 from oasst_inference_server import metrics
-from oasst_inference_server.api.error_handlers import OPENAI_PATH_PREFIX, openai_error
+from oasst_inference_server.api.error_handlers import error_response
 
 # Descriptors a server process needs besides its clients' connections: the database pool, Redis
 # connections, the listening socket, logs, the SQLite file and its journal.
@@ -224,11 +223,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 def _refusal(status: int, code: str, detail: str, headers: dict[str, str]) -> ASGIApp:
     async def refuse(scope: Scope, receive: Receive, send: Send) -> None:
         closing = {**headers, "Connection": "close"}
-        if scope["path"].startswith(OPENAI_PATH_PREFIX):
-            response = openai_error(status, detail, code, headers=closing)
-        else:
-            response = JSONResponse({"detail": detail, "code": code}, status, closing)
-        await response(scope, receive, send)
+        await error_response(scope["path"], status, code, detail, closing)(scope, receive, send)
 
     return refuse
 

@@ -27,10 +27,9 @@ import asyncio
 import re
 from urllib.parse import unquote_to_bytes
 
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from oasst_inference_server.api.error_handlers import OPENAI_PATH_PREFIX, openai_error
+from oasst_inference_server.api.error_handlers import error_response
 from oasst_shared.json_depth import json_depth
 from oasst_shared.limits import MAX_JSON_DEPTH
 
@@ -106,11 +105,8 @@ def _is_json(scope: Scope) -> bool:
 
 
 async def _refuse(scope: Scope, send: Send, status: int, code: str, detail: str) -> None:
-    if scope["path"].startswith(OPENAI_PATH_PREFIX):
-        response = openai_error(status, detail, code)
-    else:
-        response = JSONResponse({"detail": detail, "code": code}, status_code=status)
-    response.headers["Connection"] = "close"  # the rest of an oversized body is not read
+    # The rest of an oversized or late body is not read: the connection cannot serve another request.
+    response = error_response(scope["path"], status, code, detail, {"Connection": "close"})
     await response(scope, _no_receive, send)
 
 

@@ -83,6 +83,16 @@ def openai_error(
     return JSONResponse(body.model_dump(), status_code=status_code, headers=headers)
 
 
+def error_response(
+    path: str, status_code: int, code: str, detail: str, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    """An error in the shape of the API ``path`` belongs to, for the edge's refusals (which answer
+    before any route, outside the exception handlers)."""
+    if path.startswith(OPENAI_PATH_PREFIX):
+        return openai_error(status_code, detail, code, headers=headers)
+    return JSONResponse({"detail": detail, "code": code}, status_code=status_code, headers=headers)
+
+
 def _is_openai(request: Request) -> bool:
     return request.url.path.startswith(OPENAI_PATH_PREFIX)
 
