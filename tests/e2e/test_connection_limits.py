@@ -28,8 +28,9 @@ from websockets.asyncio.client import connect
 from websockets.exceptions import InvalidStatus
 
 from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import PROTOCOL_VERSION, WorkerInfo, dump_frame
-from tests.support.processes import ManagedProcess, free_port, start_process, wait_http_ok
+from oasst_shared.protocol import PROTOCOL_VERSION, GeneratedText, WorkerInfo, dump_frame
+from tests.e2e.chat_api import ChatApi
+from tests.support.processes import ManagedProcess, free_port, start_process, wait_for_model, wait_http_ok
 from tests.support.services import REDIS_URL, fresh_database, fresh_redis_prefix
 from tests.support.stacks import WORKER_API_KEY, server_env
 
@@ -42,6 +43,7 @@ LIMITS = {
     "OASST_SERVER_REQUEST_HEADER_TIMEOUT": str(HEADER_TIMEOUT),
     "OASST_SERVER_MAX_REQUEST_HEADER_BYTES": str(MAX_HEADER_BYTES),
     "OASST_SERVER_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
+    "OASST_SERVER_SSE_PING_INTERVAL": "1",  # an idle event stream says something every second
 }
 
 
@@ -250,6 +252,79 @@ def test_normal_clients_long_responses_and_websockets_are_untouched(server):
         return pings
 
     assert asyncio.run(worker_socket()) >= 2
+
+
+@pytest.mark.parametrize("head", ["slow", "large"])
+def test_a_late_or_large_pipelined_head_lets_the_answer_in_flight_finish_then_closes(server, head):
+    """A client that pipelines a request behind its own event stream and sends that request's head
+    slowly, or too much of it: the stream goes on to its end, untouched, and then the connection
+    closes."""
+
+    async def scenario() -> bytes:
+        info = WorkerInfo(
+            model_config=SMOLLM2_135M.model_copy(update={"name": f"limits-{uuid.uuid4().hex[:6]}"}),
+            max_parallel_requests=1,
+            backend_kind="fake",
+        )
+        ws_headers = {"X-API-Key": WORKER_API_KEY, "X-Protocol-Version": str(PROTOCOL_VERSION)}
+        async with connect(f"ws://127.0.0.1:{server.port}/workers/work", additional_headers=ws_headers) as ws:
+            await ws.send(dump_frame(info))
+            await asyncio.to_thread(wait_for_model, server.url, info.model_config_.name)
+            api = ChatApi(server.url, f"user-{uuid.uuid4().hex[:8]}")
+            chat_id = api.create_chat()
+            prompter = api.prompter(chat_id, "a question")
+            answer = api.assistant(chat_id, prompter.json()["id"], info.model_config_.name, max_new_tokens=8)
+            message_id = answer.json()["id"]
+            while (frame := json.loads(await asyncio.wait_for(ws.recv(), 10)))["type"] != "work":
+                if frame["type"] == "ping":
+                    await ws.send(json.dumps({"type": "pong", "ping_id": frame["ping_id"], "free_slots": 0}))
+            # The stream, then a second request's head, a few bytes a second, on the same connection.
+            sock = server.connect()
+            sock.sendall(
+                b"GET /chats/%s/messages/%s/events HTTP/1.1\r\nHost: test\r\nAuthorization: Bearer %s\r\n\r\n"
+                % (chat_id.encode(), message_id.encode(), api.token.encode())
+            )
+            padding = 200 if head == "slow" else MAX_HEADER_BYTES * 2
+            pipelined = request("/health", b"X-Padding: " + b"p" * padding + b"\r\n")
+            received = b""
+            sock.setblocking(False)
+            deadline = time.monotonic() + HEADER_TIMEOUT * 2.5
+            sent = 0
+            while time.monotonic() < deadline:
+                step = 1 if head == "slow" else MAX_HEADER_BYTES // 2  # "large": past the bound in 3 reads
+                if sent < len(pipelined) - 10:  # never the whole head
+                    try:
+                        sent += sock.send(pipelined[sent : sent + step])
+                    except BlockingIOError:
+                        pass
+                await asyncio.sleep(0.1)
+                try:
+                    received += sock.recv(65536)
+                except BlockingIOError:
+                    pass
+            after_deadline = len(received)
+            # The stream is still open past the head's deadline; now the answer ends it.
+            await asyncio.sleep(1.5)
+            try:
+                received += sock.recv(65536)
+            except BlockingIOError:
+                pass
+            assert len(received) > after_deadline, received[-300:]  # still streaming (pings)
+            result = GeneratedText(
+                message_id=message_id, text="an answer", finish_reason="eos_token", generated_tokens=2
+            )
+            await ws.send(dump_frame(result))
+            sock.settimeout(30)
+            while chunk := sock.recv(65536):
+                received += chunk
+            sock.close()
+            return received
+
+    received = asyncio.run(scenario())
+    assert received.startswith(b"HTTP/1.1 200 OK")
+    assert b'"event_type":"message"' in received and b"an answer" in received
+    stream = received.split(b"\r\n\r\n", 1)[1]
+    assert b"408" not in stream and b"431" not in stream  # nothing was written into the stream
 
 
 # ---------------------------------------------------------------- the connection cap

@@ -128,7 +128,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             and not self.transport.is_closing()
         ):
             metrics.CONNECTIONS_REFUSED.labels("header_too_large").inc()
-            self._refuse_head(431, "request_header_too_large", self._too_large())
+            if not self._end_after_response():
+                self._refuse_head(431, "request_header_too_large", self._too_large())
 
     # ------------------------------------------------------------ the parser's callbacks
     def on_message_begin(self) -> None:
@@ -190,17 +191,27 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_deadline = None
         if not self._in_head or self.transport.is_closing():
             return
-        if self.cycle is not None and not self.cycle.response_complete:
-            # A request is still being answered on this connection: end it after that answer.
-            self.cycle.keep_alive = False
-            return
         metrics.CONNECTIONS_REFUSED.labels("header_timeout").inc()
+        if self._end_after_response():
+            return
         self._refuse_head(
             408,
             "request_header_timeout",
             f"the request line and headers did not arrive within {self.limits.header_timeout:g} seconds "
             "(OASST_SERVER_REQUEST_HEADER_TIMEOUT)",
         )
+
+    def _end_after_response(self) -> bool:
+        """If an earlier request on this connection is still being answered (the late or large head is
+        a pipelined one), let that answer finish, read nothing more, and close the connection after it;
+        False if nothing is being answered."""
+        if self.cycle is None or self.cycle.response_complete:
+            return False
+        self._in_head = False
+        self._cancel_head_deadline()
+        self.cycle.keep_alive = False
+        self.flow.pause_reading()
+        return True
 
     def _refuse_head(self, status: int, code: str, detail: str) -> None:
         """Answer a request whose head never became a request, and close (as uvicorn answers a head it
