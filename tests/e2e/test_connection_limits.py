@@ -95,6 +95,18 @@ def server(request, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server
             process.stop()
 
 
+WORKER_HEADERS = {"X-API-Key": WORKER_API_KEY, "X-Protocol-Version": str(PROTOCOL_VERSION)}
+
+
+def own_worker_info() -> WorkerInfo:
+    """A worker of a model of its own (it takes no other test's work)."""
+    return WorkerInfo(
+        model_config=SMOLLM2_135M.model_copy(update={"name": f"limits-{uuid.uuid4().hex[:6]}"}),
+        max_parallel_requests=1,
+        backend_kind="fake",
+    )
+
+
 def read_response(sock: socket.socket) -> tuple[int, dict[str, str], bytes]:
     """One HTTP response with a Content-Length (what every answer here has)."""
     data = b""
@@ -234,14 +246,11 @@ def test_normal_clients_long_responses_and_websockets_are_untouched(server):
 
     async def worker_socket() -> int:
         # A worker's socket lives far longer than the head's deadline: it is not cut.
-        info = WorkerInfo(
-            model_config=SMOLLM2_135M.model_copy(update={"name": f"limits-{uuid.uuid4().hex[:6]}"}),
-            max_parallel_requests=1,
-            backend_kind="fake",
-        )
-        ws_headers = {"X-API-Key": WORKER_API_KEY, "X-Protocol-Version": str(PROTOCOL_VERSION)}
+        info = own_worker_info()
         pings = 0
-        async with connect(f"ws://127.0.0.1:{server.port}/workers/work", additional_headers=ws_headers) as ws:
+        async with connect(
+            f"ws://127.0.0.1:{server.port}/workers/work", additional_headers=WORKER_HEADERS
+        ) as ws:
             await ws.send(dump_frame(info))
             deadline = time.monotonic() + HEADER_TIMEOUT * 2.5
             while time.monotonic() < deadline:
@@ -261,13 +270,10 @@ def test_a_late_or_large_pipelined_head_lets_the_answer_in_flight_finish_then_cl
     closes."""
 
     async def scenario() -> bytes:
-        info = WorkerInfo(
-            model_config=SMOLLM2_135M.model_copy(update={"name": f"limits-{uuid.uuid4().hex[:6]}"}),
-            max_parallel_requests=1,
-            backend_kind="fake",
-        )
-        ws_headers = {"X-API-Key": WORKER_API_KEY, "X-Protocol-Version": str(PROTOCOL_VERSION)}
-        async with connect(f"ws://127.0.0.1:{server.port}/workers/work", additional_headers=ws_headers) as ws:
+        info = own_worker_info()
+        async with connect(
+            f"ws://127.0.0.1:{server.port}/workers/work", additional_headers=WORKER_HEADERS
+        ) as ws:
             await ws.send(dump_frame(info))
             await asyncio.to_thread(wait_for_model, server.url, info.model_config_.name)
             api = ChatApi(server.url, f"user-{uuid.uuid4().hex[:8]}")
@@ -366,9 +372,10 @@ def test_past_the_cap_new_connections_get_503_and_the_open_ones_keep_working(ser
         if server.processes == 1:
 
             async def websocket() -> int:
-                ws_headers = {"X-API-Key": WORKER_API_KEY, "X-Protocol-Version": str(PROTOCOL_VERSION)}
                 with pytest.raises(InvalidStatus) as refusal:
-                    await connect(f"ws://127.0.0.1:{server.port}/workers/work", additional_headers=ws_headers)
+                    await connect(
+                        f"ws://127.0.0.1:{server.port}/workers/work", additional_headers=WORKER_HEADERS
+                    )
                 return refusal.value.response.status_code
 
             assert asyncio.run(websocket()) == 503
