@@ -11,6 +11,7 @@ Run: ``python tests/support/fake_backend.py PORT``. What it does depends on a ma
 * ``[[nul]]``    three tokens, the second holding a NUL character (text no frame may carry)
 * ``[[huge]]``   max_new_tokens tokens of 2,000 characters each (an answer over the frame limit)
 * ``[[linger]]`` a whole answer, then the response stays open (it never ends after its last event)
+* ``[[die]]``    one token, then the whole process exits (a backend that crashes on a poison request)
 * otherwise     ``max_new_tokens`` tokens at once, then eos
 
 ``GET /stats`` reports how many streams started, finished and were disconnected by the client.
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import uvicorn
@@ -68,6 +70,10 @@ async def generate_stream(request: Request) -> Response:
                 for i in range(2):
                     yield _chunk(i + 1, f" s{i}")
                 await asyncio.sleep(3600)
+            if "[[die]]" in prompt:
+                yield _chunk(1, " x")
+                await asyncio.sleep(0.1)  # the token reaches the worker first: it dies mid-answer
+                os._exit(3)
             if "[[drop]]" in prompt:
                 for i in range(3):
                     yield _chunk(i + 1, f" d{i}")
