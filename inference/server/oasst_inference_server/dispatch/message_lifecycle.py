@@ -263,7 +263,7 @@ class MessageLifecycle:
             except UnsendableMessage:
                 await session.rollback()
                 raise
-            asked = claimed.max_new_tokens
+            asked = claimed.work_units
             if asked != max_new_tokens:
                 await session.exec(
                     update(DbMessage)
@@ -305,7 +305,7 @@ class MessageLifecycle:
         except UnsendableMessage:
             self.unclaim_unsaved(message)
             return None
-        message.generation_deadline = self._generation_deadline(now, claimed.max_new_tokens)
+        message.generation_deadline = self._generation_deadline(now, claimed.work_units)
         return claimed
 
     @staticmethod

@@ -50,9 +50,12 @@ class Claimed(NamedTuple):
     frame: str
 
     @property
-    def max_new_tokens(self) -> int:
-        """What the job may generate (its generation deadline follows from it); 0 for embeddings."""
-        return self.work.sampling_parameters.max_new_tokens if isinstance(self.work, Work) else 0
+    def work_units(self) -> int:
+        """What the job's time bound counts (its generation deadline follows from it): the tokens it may
+        generate, or for an embedding one per input (2,048 inputs take minutes on a small CPU)."""
+        if isinstance(self.work, Work):
+            return self.work.sampling_parameters.max_new_tokens
+        return len(self.work.inputs)
 
 
 def work_frame(

@@ -136,6 +136,40 @@ async def test_refusals_past_the_limit_count_as_attempts(client, app, user, live
     assert (await message(app, chat.assistant_id)).attempts == 1
 
 
+async def test_a_message_running_when_backends_die_fails_at_the_limit_instead_of_moving_on(
+    client, app, user, live_model
+):
+    chat = await start_chat(client, user, "the poison", live_model)
+    lifecycle = app.state.lifecycle
+    limit = app.state.settings.max_backend_deaths
+    assert limit == 2  # the default: a message a crash interrupts is tried once more
+    assert await lifecycle.claim(chat.assistant_id, "ws-a") is not None
+    await lifecycle.release(chat.assistant_id, "ws-a", "the backend died", backend_died=True)
+    once = await message(app, chat.assistant_id)
+    assert (once.state, once.attempts, once.backend_deaths) == ("pending", 1, 1)
+    assert await lifecycle.claim(chat.assistant_id, "ws-b") is not None
+    await lifecycle.release(chat.assistant_id, "ws-b", "the backend died again", backend_died=True)
+    poison = await message(app, chat.assistant_id)
+    assert (poison.state, poison.attempts, poison.backend_deaths) == ("aborted_by_worker", 2, 2)
+    assert "died 2 times" in (poison.error or "") and "the backend died again" in (poison.error or "")
+    # It fails although attempts remain: no third backend gets it.
+    assert poison.attempts < app.state.settings.max_attempts
+    assert await lifecycle.claim(chat.assistant_id, "ws-c") is None
+
+
+async def test_refusals_and_lost_workers_are_no_backend_deaths(client, app, user, live_model):
+    chat = await start_chat(client, user, "innocent", live_model)
+    lifecycle = app.state.lifecycle
+    assert await lifecycle.claim(chat.assistant_id, "ws-a") is not None
+    await lifecycle.release(chat.assistant_id, "ws-a", "no free slot", backend_refused=True)
+    assert await lifecycle.claim(chat.assistant_id, "ws-b") is not None
+    await lifecycle.release(chat.assistant_id, "ws-b", "worker lost")
+    assert await lifecycle.claim(chat.assistant_id, "ws-c") is not None
+    await lifecycle.release(chat.assistant_id, "ws-c", "the backend died", backend_died=True)
+    survivor = await message(app, chat.assistant_id)
+    assert (survivor.state, survivor.backend_deaths) == ("pending", 1)
+
+
 async def test_a_result_after_a_cancel_request_is_stored_as_cancelled(client, app, user, live_model):
     chat = await start_chat(client, user, "stop me", live_model)
     lifecycle = app.state.lifecycle
@@ -208,3 +242,26 @@ async def test_the_claim_sets_the_generation_deadline_from_the_hints_max_new_tok
         assert claimed.generation_deadline is not None and claimed.started_at is not None
         seconds = (claimed.generation_deadline - claimed.started_at).total_seconds()
         assert seconds == pytest.approx(settings.in_progress_bound(asked)), told
+
+
+async def test_an_embedding_s_time_bound_grows_with_its_inputs(app):
+    """2,048 inputs take minutes on a small CPU: the in-progress bound counts one unit per input (it was
+    the bare grace, and a long embedding was cancelled and retried over and over)."""
+    settings, lifecycle = app.state.settings, app.state.lifecycle
+    for inputs in (1, 2048):
+        embedding = DbMessage(
+            kind="embedding",
+            role="assistant",
+            state="pending",
+            model_config_name="an-encoder",
+            request_payload={"inputs": ["text"] * inputs},
+        )
+        async with app.state.session_factory() as session:
+            session.add(embedding)
+            await session.commit()
+        claimed = await lifecycle.claim(embedding.id, "ws-test", max_new_tokens=0)  # the ticket's hint
+        assert claimed is not None and claimed.work_units == inputs
+        stored = await message(app, embedding.id)
+        assert stored.generation_deadline is not None and stored.started_at is not None
+        seconds = (stored.generation_deadline - stored.started_at).total_seconds()
+        assert seconds == pytest.approx(settings.in_progress_bound(inputs))
