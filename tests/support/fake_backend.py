@@ -14,7 +14,8 @@ Run: ``python tests/support/fake_backend.py PORT``. What it does depends on a ma
 * ``[[die]]``    one token, then the whole process exits (a backend that crashes on a poison request)
 * otherwise     ``max_new_tokens`` tokens at once, then eos
 
-``GET /stats`` reports how many streams started, finished and were disconnected by the client.
+``GET /stats`` reports how many streams started, finished and were disconnected by the client;
+``GET /prompts`` the prompts it was sent (their first 200 characters, the last 100).
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 STATS = {"started": 0, "finished": 0, "disconnected": 0, "active": 0}
+PROMPTS: list[str] = []
 
 
 def _chunk(index: int, text: str, final: str | None = None, reason: str = "length") -> bytes:
@@ -53,6 +55,8 @@ async def generate_stream(request: Request) -> Response:
     body = await request.json()
     prompt: str = body.get("inputs", "")
     max_new = int((body.get("parameters") or {}).get("max_new_tokens") or 20)
+    PROMPTS.append(prompt[:200])
+    del PROMPTS[:-100]
     if "[[error]]" in prompt:
         return JSONResponse({"error": "scripted failure", "error_type": "generation"}, status_code=500)
     if "[[invalid]]" in prompt:
@@ -127,6 +131,10 @@ async def stats(_request: Request) -> Response:
     return JSONResponse(STATS)
 
 
+async def prompts(_request: Request) -> Response:
+    return JSONResponse(PROMPTS)
+
+
 app = Starlette(
     routes=[
         Route("/", generate_stream, methods=["POST"]),
@@ -135,6 +143,7 @@ app = Starlette(
         Route("/health", health),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/stats", stats),
+        Route("/prompts", prompts),
     ]
 )
 
