@@ -153,7 +153,6 @@ def main() -> int:
             {"OASST_CPU_BACKEND_HOST": backend_host, "OASST_CPU_BACKEND_PORT": str(backend_port)},
         )
         print(f">>> starting the bundled CPU backend (SmolLM2-135M-Instruct), pid {backend.pid}", flush=True)
-        print(">>> starting the server (SQLite, in-process broker)", flush=True)
         server = stack.start(
             "server",
             "oasst_inference_server",
@@ -167,13 +166,13 @@ def main() -> int:
                 ),
             },
         )
+        print(f">>> starting the server (SQLite, in-process broker), pid {server.pid}", flush=True)
         if not _wait_http(f"{backend_url}/health", backend, 120):
             print("!!! the backend did not come up; see its log above", file=sys.stderr)
             return 1
         if not _wait_http(f"{server_url}/health", server, 60):
             print("!!! the server did not come up; see its log above", file=sys.stderr)
             return 1
-        print(">>> starting one worker", flush=True)
         worker = stack.start(
             "worker",
             "oasst_worker",
@@ -182,6 +181,7 @@ def main() -> int:
                 "OASST_WORKER_BACKEND_URL": backend_url,
             },
         )
+        print(f">>> starting one worker, pid {worker.pid}", flush=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and worker.poll() is None and not interrupted.is_set():
             try:
