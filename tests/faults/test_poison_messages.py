@@ -28,6 +28,7 @@ from tests.support.fake_workers import (
     start_fake_worker,
 )
 from tests.support.fault_flows import final_of, new_api, queue, wait_state
+from tests.support.processes import ManagedProcess
 from tests.support.services import REDIS_URL, fresh_database
 from tests.support.stacks import Stack, start_stack
 
@@ -66,6 +67,14 @@ def backends(tmp_path: Path) -> Iterator[tuple[FakeBackend, FakeBackend]]:
     healthy.process.stop()
 
 
+def busy_worker(stack: Stack, backend: FakeBackend, model, api) -> tuple[ManagedProcess, tuple[str, str]]:
+    """A worker of one slot, and the slow answer that holds it (so other work waits or goes elsewhere)."""
+    worker = start_fake_worker(stack, backend, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="1")
+    busy = queue(api, model.name, "[[slow]] hold the only slot", max_new_tokens=80)
+    wait_state(api, *busy, {"in_progress"}, 30)
+    return worker, busy
+
+
 def test_a_message_that_kills_its_backend_fails_and_never_reaches_the_healthy_worker(
     poison_stack: Stack, backends: tuple[FakeBackend, FakeBackend]
 ):
@@ -73,9 +82,7 @@ def test_a_message_that_kills_its_backend_fails_and_never_reaches_the_healthy_wo
     model = fake_model()
     api = new_api(poison_stack)
     # The healthy worker first, busy with a slow answer, so that the poison goes to the other one.
-    healthy_worker = start_fake_worker(poison_stack, healthy, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="1")
-    bystander = queue(api, model.name, "[[slow]] keep going", max_new_tokens=80)
-    wait_state(api, *bystander, {"in_progress"}, 30)
+    healthy_worker, bystander = busy_worker(poison_stack, healthy, model, api)
     fault_worker = start_fake_worker(poison_stack, fault, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="2")
     poison = queue(api, model.name, "[[die]] the request that crashes backends", max_new_tokens=20)
 
@@ -125,9 +132,7 @@ def test_a_stored_message_whose_work_the_worker_cannot_read_fails_at_once(
     _, backend = backends
     model = fake_model()
     api = new_api(poison_stack)
-    worker = start_fake_worker(poison_stack, backend, model, OASST_WORKER_MAX_PARALLEL_REQUESTS="1")
-    busy = queue(api, model.name, "[[slow]] hold the only slot", max_new_tokens=40)
-    wait_state(api, *busy, {"in_progress"}, 30)
+    worker, busy = busy_worker(poison_stack, backend, model, api)
     # A message stored meanwhile (as one from before the bounds on schemas): its response_format is
     # nested deeper than the worker's JSON parser goes, though the server writes it without trouble.
     stored = queue(api, model.name, "an ordinary question", max_new_tokens=5)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import func, update
+from sqlalchemy import func
 from sqlmodel import select
 
 from oasst_inference_server.broker import WorkerSession
@@ -15,7 +15,7 @@ from oasst_inference_server.db.models import DbMessage
 from oasst_shared.model_configs import MINILM_EMBEDDING, SMOLLM2_135M
 from oasst_shared.protocol import MAX_FRAME_BYTES, WorkerCapabilities
 from oasst_shared.tool_calls import MAX_TOOLS
-from tests.support.api import API, answer, assert_error, finish_message, start_chat
+from tests.support.api import API, answer, assert_error, finish_message, follow_up, set_content, start_chat
 
 pytestmark = API
 
@@ -87,26 +87,17 @@ async def test_a_long_conversation_is_measured_as_the_claim_cuts_it(client, app,
     large = await live_model(app, max_input_length=200_000)
     chat = await start_chat(client, user, "the first question", small)
     # An old turn of 1.2 MB as a frame (a control character takes six bytes there).
-    async with app.state.session_factory() as session:
-        await session.exec(
-            update(DbMessage).where(DbMessage.id == chat.prompter_id).values(content="\x01" * 200_000)
-        )
-        await session.commit()
+    await set_content(app, chat.prompter_id, "\x01" * 200_000)
     await finish_message(app, chat.assistant_id, "the first answer")
-    second = await client.post(
-        f"/chats/{chat.chat_id}/prompter_message",
-        json={"parent_id": chat.assistant_id, "content": "a short follow-up"},
-        headers=user.headers,
-    )
-    assert second.status_code == 200, second.text
+    second = await follow_up(client, user, chat.chat_id, chat.assistant_id, "a short follow-up")
     # The small model's budget leaves the old turn out of the frame: accepted.
-    small_answer = await answer(client, user, chat.chat_id, second.json()["id"], small)
+    small_answer = await answer(client, user, chat.chat_id, second, small)
     await finish_message(app, small_answer, "the second answer")
     # The large model's would send it all: refused, and nothing stored.
     before = await stored_messages(app, user)
     response = await client.post(
         f"/chats/{chat.chat_id}/assistant_message",
-        json={"parent_id": second.json()["id"], "model_config_name": large},
+        json={"parent_id": second, "model_config_name": large},
         headers=user.headers,
     )
     body = assert_error(response, 413, "request_too_large")
@@ -124,13 +115,7 @@ async def test_a_long_conversation_is_measured_as_the_claim_cuts_it(client, app,
 async def test_a_conversation_just_under_the_limit_is_accepted(client, app, user):
     large = await live_model(app, max_input_length=200_000)
     chat = await start_chat(client, user, "short", None)
-    async with app.state.session_factory() as session:
-        await session.exec(
-            update(DbMessage)
-            .where(DbMessage.id == chat.prompter_id)
-            .values(content="a" * (MAX_FRAME_BYTES - 2000))
-        )
-        await session.commit()
+    await set_content(app, chat.prompter_id, "a" * (MAX_FRAME_BYTES - 2000))
     message_id = await answer(client, user, chat.chat_id, chat.prompter_id, large)
     claimed = await app.state.lifecycle.claim(message_id, "ws-frame", max_input_tokens=200_000)
     assert claimed is not None and len(claimed.frame) <= MAX_FRAME_BYTES

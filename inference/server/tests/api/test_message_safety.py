@@ -24,15 +24,9 @@ from oasst_shared.protocol import (
     dump_frame,
     dump_work,
 )
-from tests.support.api import API, answer, finish_message, start_chat
+from tests.support.api import API, answer, finish_message, follow_up, set_content, start_chat
 
 pytestmark = API
-
-
-async def set_content(app, message_id: str, content: str) -> None:
-    async with app.state.session_factory() as session:
-        await session.exec(update(DbMessage).where(DbMessage.id == message_id).values(content=content))
-        await session.commit()
 
 
 async def message(app, message_id: str) -> DbMessage:
@@ -86,13 +80,8 @@ async def test_text_no_frame_may_carry_fails_at_claim(client, app, user, live_mo
 async def test_the_conversation_is_cut_to_the_model_s_budget_before_it_is_sent(client, app, user, live_model):
     chat = await start_chat(client, user, "first question", live_model)
     await finish_message(app, chat.assistant_id, "first answer")
-    second = await client.post(
-        f"/chats/{chat.chat_id}/prompter_message",
-        json={"parent_id": chat.assistant_id, "content": "second question"},
-        headers=user.headers,
-    )
-    assert second.status_code == 200, second.text
-    answer_id = await answer(client, user, chat.chat_id, second.json()["id"], live_model)
+    second = await follow_up(client, user, chat.chat_id, chat.assistant_id, "second question")
+    answer_id = await answer(client, user, chat.chat_id, second, live_model)
     # The oldest turn alone is over a 100-token budget (in the server's generous character bound).
     await set_content(app, chat.prompter_id, "q" * (100 * MAX_CHARS_PER_TOKEN))
     claimed = await app.state.lifecycle.claim(answer_id, "ws-test", max_input_tokens=100)
