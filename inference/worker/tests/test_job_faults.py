@@ -172,3 +172,22 @@ async def test_a_dead_backend_stops_the_worker_taking_work() -> None:
         await asyncio.sleep(0.01)
     [error] = [f for f in sent if isinstance(f, WorkerError)]
     assert error.backend_died and not client._health.healthy and client.free_slots == 0
+
+
+async def test_a_cancel_while_the_dead_backend_is_asked_still_answers_the_job() -> None:
+    class SlowToTell(Dying):
+        async def healthy(self) -> bool:
+            await asyncio.sleep(30)
+            return False
+
+    frames = Frames()
+    job = job_for(SlowToTell(alive=False))
+    task = asyncio.create_task(job.run(frames))
+    while not frames.sent:  # the token, then the job asks the backend
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    job.cancel_requested = True
+    task.cancel()
+    await task
+    error = frames.sent[-1]
+    assert isinstance(error, WorkerError) and error.message_id == "m1" and not error.backend_died

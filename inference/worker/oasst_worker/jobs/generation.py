@@ -118,7 +118,12 @@ class GenerationJob:
                 tool_calls=self._tool_calls,
             )
         except BackendError as exc:
-            died = await backend_died(self._backend, exc)
+            try:
+                died = await backend_died(self._backend, exc)
+            except asyncio.CancelledError:
+                if not self.cancel_requested:
+                    raise
+                died = False  # cancelled while the backend was asked: the failure is still answered
             if died:
                 logger.error("message {}: the backend died while it ran it: {}", message_id, exc)
             else:
