@@ -13,22 +13,23 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from pydantic import ValidationError
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.chats.chat_store import ChatSize
 from oasst_inference_server.db.models import DbMessage
 from oasst_inference_server.dispatch.claim import ChatRow, Taken, conversation
-from oasst_inference_server.dispatch.work_frames import ATTEMPT_DIGITS, build_work, chat_frame_bound
+from oasst_inference_server.dispatch.work_frames import (
+    ATTEMPT_DIGITS,
+    OverFrameLimit,
+    UnsendableMessage,
+    chat_frame_bound,
+    work_frame,
+)
 from oasst_inference_server.domain_errors import InvalidRequest, TooLarge
 from oasst_shared.protocol import (
     MAX_FRAME_BYTES,
-    PROTOCOL_VERSION,
     EmbedWork,
     Work,
-    dump_frame,
-    dump_work,
-    frame_bytes,
 )
 
 
@@ -58,19 +59,17 @@ async def check_frame_size(
                 return
         chat = await conversation(session, message, known)
     try:
-        work = build_work(Taken(message, chat), max_input_tokens)
-    except (ValidationError, ValueError) as exc:
-        raise InvalidRequest("unsendable_request", f"the request cannot be sent to a worker: {exc}") from None
-    frame = dump_work(work, PROTOCOL_VERSION) if isinstance(work, Work) else dump_frame(work)
-    size = frame_bytes(frame) + ATTEMPT_DIGITS
-    if size > MAX_FRAME_BYTES:
-        part, part_bytes = _largest_part(work, message.kind)
+        work_frame(Taken(message, chat), max_input_tokens, room=ATTEMPT_DIGITS)
+    except OverFrameLimit as exc:
+        part, part_bytes = _largest_part(exc.work, message.kind)
         raise TooLarge(
             "request_too_large",
-            f"the work this request starts would be a frame of {size} bytes, over the worker frame limit "
-            f"of {MAX_FRAME_BYTES} bytes; the largest part is {part} ({part_bytes} bytes)",
-            param=part if message.kind != "chat" or part != "the conversation" else None,
-        )
+            f"the work this request starts would be a frame of {exc.size} bytes, over the worker frame "
+            f"limit of {MAX_FRAME_BYTES} bytes; the largest part is {part} ({part_bytes} bytes)",
+            param=None if part == "the conversation" else part,
+        ) from None
+    except UnsendableMessage as exc:
+        raise InvalidRequest("unsendable_request", str(exc)) from None
 
 
 def _largest_part(work: Work | EmbedWork, kind: str) -> tuple[str, int]:

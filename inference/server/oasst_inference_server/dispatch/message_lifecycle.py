@@ -416,9 +416,9 @@ class MessageLifecycle:
             return
         counted = {"backend_deaths": DbMessage.backend_deaths + 1} if backend_died else {}
         if backend_died and deaths >= self._settings.max_backend_deaths:
+            times = "once" if deaths == 1 else f"{deaths} times"
             error = (
-                f"the backend died {'once' if deaths == 1 else f'{deaths} times'} while it ran this "
-                "message, which is not tried again "
+                f"the backend died {times} while it ran this message, which is not tried again "
                 f"(it may be what crashes backends): {reason}"
             )
             metrics.ERRORS.labels("poison").inc()

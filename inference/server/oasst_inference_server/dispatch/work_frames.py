@@ -42,6 +42,17 @@ class UnsendableMessage(Exception):
     fails alone, with this as its error, and no worker or other message is touched."""
 
 
+class OverFrameLimit(UnsendableMessage):
+    """The message's work would be a frame over the limit (``size`` bytes)."""
+
+    def __init__(self, work: Work | EmbedWork, size: int) -> None:
+        super().__init__(
+            f"the conversation is {size} bytes, more than the worker frame limit of {MAX_FRAME_BYTES}"
+        )
+        self.work = work
+        self.size = size
+
+
 class Claimed(NamedTuple):
     """A claimed message's job, and its frame as the claiming worker's protocol version reads it
     (built once: its size is checked, then it is sent as it is)."""
@@ -59,20 +70,18 @@ class Claimed(NamedTuple):
 
 
 def work_frame(
-    taken: Taken, max_input_tokens: int | None, protocol_version: int = PROTOCOL_VERSION
+    taken: Taken, max_input_tokens: int | None, protocol_version: int = PROTOCOL_VERSION, *, room: int = 0
 ) -> Claimed:
     """The work frame of a message, serialized for ``protocol_version``; raises :class:`UnsendableMessage`
-    if no frame can carry it."""
+    if no frame can carry it (:class:`OverFrameLimit` if it, and ``room`` bytes more, are over the limit)."""
     try:
         work = build_work(taken, max_input_tokens)
     except (ValidationError, ValueError) as exc:
         raise UnsendableMessage(f"the conversation cannot be sent to a worker: {_first_error(exc)}") from None
     frame = dump_work(work, protocol_version) if isinstance(work, Work) else dump_frame(work)
-    size = frame_bytes(frame)
+    size = frame_bytes(frame) + room
     if size > MAX_FRAME_BYTES:
-        raise UnsendableMessage(
-            f"the conversation is {size} bytes, more than the worker frame limit of {MAX_FRAME_BYTES}"
-        )
+        raise OverFrameLimit(work, size)
     return Claimed(work, frame)
 
 
