@@ -90,20 +90,51 @@ def answer(api: ChatApi) -> dict:
     return final_of(api.events(*queue(api, MODEL, "Say hello.", max_new_tokens=8)))
 
 
+def first_token(api: ChatApi, chat_id: str, message_id: str) -> None:
+    """Until the answer's first token has been streamed."""
+    last = None
+    while True:
+        [event] = api.events(chat_id, message_id, last_event_id=last, limit=1)
+        assert event.data["event_type"] not in ("message", "error"), event.data
+        if event.data["event_type"] == "token":
+            return
+        last = event.id
+
+
+def restarted_backend(make_up: MakeUp, killed: int, mark: int) -> int:
+    """The pid of the backend make up starts again after ``killed`` died (the log from ``mark`` on)."""
+    make_up.wait_for("the backend exited with code -9", timeout=30, after=mark)
+    log = make_up.wait_for(">>> the backend is starting again", timeout=60, after=mark)
+    restarted = int(PID.findall(log[mark:])[0])
+    assert restarted != killed and alive(restarted)
+    return restarted
+
+
 def test_make_up_starts_a_killed_backend_again_and_the_stack_goes_on_serving(make_up: MakeUp):
     make_up.wait_for("The stack is up.", timeout=300)
     api = ChatApi(make_up.url, f"user-{uuid.uuid4().hex[:8]}")
     assert answer(api)["message"]["state"] == "complete"
     [backend, server, worker] = make_up.started_pids()
 
-    os.kill(backend, signal.SIGKILL)
+    # Killed mid-answer: the worker sees it die, the answer is retried (one death is under the limit)
+    # on the backend make up starts again.
+    long = queue(api, MODEL, "Count from 1 to 300, one number per line.", max_new_tokens=400)
+    first_token(api, *long)
     mark = len(make_up.log())
-    make_up.wait_for("the backend exited with code -9", timeout=30, after=mark)
-    log = make_up.wait_for(">>> the backend is starting again", timeout=60, after=mark)
-    restarted = int(PID.findall(log[mark:])[0])
-    assert restarted != backend and alive(restarted)
+    os.kill(backend, signal.SIGKILL)
+    backend = restarted_backend(make_up, backend, mark)
+    events = api.events(*long)
+    final = final_of(events)
+    assert final["event_type"] == "message" and final["message"]["state"] == "complete", final
+    retries = [e.data["reason"] for e in events if e.data["event_type"] == "retry"]
+    assert final["message"]["attempts"] == 2 and len(retries) == 1, (final, retries)
+    assert "the backend died while it ran this request" in retries[0], retries
 
-    # The worker takes no work while its backend is down, then serves from the new one.
+    # Killed while idle: the worker takes no work while its backend is down, then serves from the
+    # new one.
+    mark = len(make_up.log())
+    os.kill(backend, signal.SIGKILL)
+    restarted = restarted_backend(make_up, backend, mark)
     final = answer(api)
     assert final["event_type"] == "message" and final["message"]["state"] == "complete", final
     assert final["message"]["attempts"] == 1  # waited for the backend: no attempt spent
