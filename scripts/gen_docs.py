@@ -306,6 +306,7 @@ def protocol_examples(p: types.ModuleType) -> dict[str, BaseModel]:
             prompt_tokens=31,
         ),
         "Embeddings": p.Embeddings(message_id=mid, embeddings=[[0.12, -0.03, 0.4]], prompt_tokens=5),
+        "EmbeddingsPart": p.EmbeddingsPart(message_id=mid, start=0, embeddings=[[0.08, 0.31, -0.2]]),
         "WorkerError": p.WorkerError(message_id=mid, error="backend connection failed", retryable=True),
         "Drain": p.Drain(),
         "Work": p.Work(
@@ -386,7 +387,9 @@ def render_protocol() -> str:
         "5. Then, until either side closes: the server sends `ping` regularly and `work` (or `embed`) while "
         "the worker has a free slot, and relays `cancel` from any replica; the worker answers every `ping` "
         "with a `pong`, streams `token` (or, protocol 2, `token_batch`) frames and ends each job with exactly one `generated_text`, "
-        "`embeddings` or `error`. On SIGTERM the worker sends `drain`, finishes its jobs and closes."
+        "`embeddings` or `error` (protocol 4: an embedding result too large for one frame comes as "
+        "`embeddings_part` frames before its `embeddings`). On SIGTERM the worker sends `drain`, finishes its "
+        "jobs and closes."
     )
     w("")
     w("```mermaid")
@@ -408,10 +411,34 @@ def render_protocol() -> str:
     w(
         f"- **Frame size.** No frame in either direction is larger than `MAX_FRAME_BYTES` "
         f"({p.MAX_FRAME_BYTES} bytes, UTF-8), the websockets `max_size` of both ends. The server never sends "
-        f"a larger `work`: a conversation that would not fit fails alone, with that error, before any worker "
-        f"sees it. The worker never sends a larger frame: a token batch is split, and a result that would not "
-        f"fit becomes a final `error` for its message. A frame over the limit that arrives anyway closes the "
-        f"socket with `{p.CLOSE_MESSAGE_TOO_BIG}`."
+        f"a larger `work`: a request whose work would not fit is refused when it is submitted (413), and a "
+        f"stored message that would not fit fails alone, with that error, before any worker sees it. The "
+        f"worker never sends a larger frame: a token batch is split, an embedding result is sent in parts "
+        f"(protocol 4: `embeddings_part` frames, each cut by the most bytes a float takes, then `embeddings` "
+        f"with the last vectors), and any other result that would not fit becomes a final `error` for its "
+        f"message. A frame over the limit that arrives anyway closes the socket with "
+        f"`{p.CLOSE_MESSAGE_TOO_BIG}`."
+    )
+    w(
+        "- **Embedding parts.** The server keeps the parts of a result only while its job is in flight, "
+        "in order (each part's `start` is the number of vectors before it), and never more than the job "
+        "asked for: one vector per input, all of one dimension (at most `MAX_EMBEDDING_DIMENSION`, "
+        f"{p.MAX_EMBEDDING_DIMENSION}). A part out of order, a vector too many or of another dimension, "
+        "or a final frame that leaves the result short, fails that job alone."
+    )
+    w(
+        "- **Work the worker cannot read.** A server frame that fails the worker's validation (a schema "
+        "nested deeper than its JSON parser goes, a field it does not know) but names a job (`work` or "
+        "`embed` with a `message_id`, found without parsing the rest) is answered with a final `error` for "
+        "that message, never dropped; the server fails that message alone."
+    )
+    w(
+        "- **A backend that dies.** When the connection to its backend breaks mid-request and the backend's "
+        "health check then fails, the worker reports the job's `error` with `backend_died` (protocol 4) and "
+        "takes no work until the backend is healthy again. The server counts the deaths per message: at "
+        "`OASST_SERVER_MAX_BACKEND_DEATHS` the message fails instead of going to another backend (a "
+        "message that crashes backends is not sent to one after another); below it, it is retried as any "
+        "failure is."
     )
     w(
         "- **Encoding.** Every frame is one websocket text frame holding one JSON object, UTF-8; the field "
@@ -448,8 +475,9 @@ def render_protocol() -> str:
     )
     w(
         "- **Time.** Every try of a message has an upper bound, "
-        "`OASST_SERVER_IN_PROGRESS_GRACE + max_new_tokens / OASST_SERVER_MIN_GENERATION_RATE` seconds, "
-        "pongs or not; past it the server sends `cancel` and retries the message elsewhere (or fails it)."
+        "`OASST_SERVER_IN_PROGRESS_GRACE + max_new_tokens / OASST_SERVER_MIN_GENERATION_RATE` seconds "
+        "(an embedding counts one unit per input instead of `max_new_tokens`), pongs or not; past it the "
+        "server sends `cancel` and retries the message elsewhere (or fails it)."
     )
     w("")
     w("## Close codes")

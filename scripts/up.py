@@ -2,6 +2,11 @@
 
 Starts the bundled CPU backend (SmolLM2), the server (SQLite + in-process broker) and one worker,
 prefixes their logs, prints where to chat, and on Ctrl-C stops everything it started.
+
+A backend that exits (a crash: llama.cpp can take its process down) is started again, after a pause
+that doubles with each exit in a row (1 s up to 30 s; a backend that ran a minute starts again at once
+after 1 s), and the stack goes on: the worker takes no work while its backend's health check fails and
+serves again once it passes. The server or the worker exiting stops the stack.
 """
 
 from __future__ import annotations
@@ -20,6 +25,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 COLOURS = {"backend": "\033[36m", "server": "\033[35m", "worker": "\033[33m"}
 RESET = "\033[0m"
+# Pauses before a backend that exited is started again: doubled per exit in a row, up to the longest;
+# a backend that ran STABLE_AFTER seconds starts from the shortest again.
+RESTART_MIN_DELAY = 1.0
+RESTART_MAX_DELAY = 30.0
+STABLE_AFTER = 60.0
 
 
 def _port_in_use(host: str, port: int) -> bool:
@@ -74,8 +84,12 @@ def _relay(name: str, proc: subprocess.Popen[bytes]) -> None:
 class Stack:
     def __init__(self) -> None:
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self._specs: dict[str, tuple[str, dict[str, str]]] = {}
+        self._started_at: dict[str, float] = {}
 
     def start(self, name: str, module: str, env: dict[str, str]) -> subprocess.Popen[bytes]:
+        self._specs[name] = (module, env)
+        self._started_at[name] = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", module],
             cwd=ROOT,
@@ -87,6 +101,13 @@ class Stack:
         self.procs[name] = proc
         threading.Thread(target=_relay, args=(name, proc), daemon=True).start()
         return proc
+
+    def restart(self, name: str) -> subprocess.Popen[bytes]:
+        module, env = self._specs[name]
+        return self.start(name, module, env)
+
+    def uptime(self, name: str) -> float:
+        return time.monotonic() - self._started_at[name]
 
     def stop(self) -> None:
         for name in ("worker", "server", "backend"):
@@ -126,13 +147,12 @@ def main() -> int:
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
     try:
-        print(">>> starting the bundled CPU backend (SmolLM2-135M-Instruct)", flush=True)
         backend = stack.start(
             "backend",
             "oasst_cpu_backend",
             {"OASST_CPU_BACKEND_HOST": backend_host, "OASST_CPU_BACKEND_PORT": str(backend_port)},
         )
-        print(">>> starting the server (SQLite, in-process broker)", flush=True)
+        print(f">>> starting the bundled CPU backend (SmolLM2-135M-Instruct), pid {backend.pid}", flush=True)
         server = stack.start(
             "server",
             "oasst_inference_server",
@@ -146,13 +166,13 @@ def main() -> int:
                 ),
             },
         )
+        print(f">>> starting the server (SQLite, in-process broker), pid {server.pid}", flush=True)
         if not _wait_http(f"{backend_url}/health", backend, 120):
             print("!!! the backend did not come up; see its log above", file=sys.stderr)
             return 1
         if not _wait_http(f"{server_url}/health", server, 60):
             print("!!! the server did not come up; see its log above", file=sys.stderr)
             return 1
-        print(">>> starting one worker", flush=True)
         worker = stack.start(
             "worker",
             "oasst_worker",
@@ -161,6 +181,7 @@ def main() -> int:
                 "OASST_WORKER_BACKEND_URL": backend_url,
             },
         )
+        print(f">>> starting one worker, pid {worker.pid}", flush=True)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and worker.poll() is None and not interrupted.is_set():
             try:
@@ -185,16 +206,40 @@ def main() -> int:
             f"Press Ctrl-C to stop.\n",
             flush=True,
         )
-        while not interrupted.is_set():
-            for name, proc in stack.procs.items():
-                if proc.poll() is not None:
-                    print(f"!!! {name} exited with code {proc.returncode}; stopping", file=sys.stderr)
-                    return 1
-            interrupted.wait(0.5)
-        print("\n>>> stopping", flush=True)
-        return 0
+        return _supervise(stack, interrupted)
     finally:
         stack.stop()
+
+
+def _supervise(stack: Stack, interrupted: threading.Event) -> int:
+    """Until Ctrl-C: start the backend again whenever it exits; stop if the server or worker exits."""
+    delay = RESTART_MIN_DELAY
+    restart_at: float | None = None  # when the backend that exited starts again
+    while not interrupted.is_set():
+        for name, proc in stack.procs.items():
+            if proc.poll() is None or name == "backend":
+                continue
+            print(f"!!! {name} exited with code {proc.returncode}; stopping", file=sys.stderr, flush=True)
+            return 1
+        backend = stack.procs["backend"]
+        if restart_at is None and backend.poll() is not None:
+            if stack.uptime("backend") >= STABLE_AFTER:
+                delay = RESTART_MIN_DELAY
+            print(
+                f"!!! the backend exited with code {backend.returncode}; starting it again in {delay:.0f} s "
+                "(the worker takes no work until it is back)",
+                file=sys.stderr,
+                flush=True,
+            )
+            restart_at = time.monotonic() + delay
+            delay = min(delay * 2, RESTART_MAX_DELAY)
+        if restart_at is not None and time.monotonic() >= restart_at:
+            restart_at = None
+            backend = stack.restart("backend")
+            print(f">>> the backend is starting again, pid {backend.pid}", flush=True)
+        interrupted.wait(0.5)
+    print("\n>>> stopping", flush=True)
+    return 0
 
 
 if __name__ == "__main__":

@@ -18,6 +18,12 @@ its thread ``tool`` turns and assistant ``tool_calls``; :class:`Token` may carry
 :class:`GeneratedText` ``tool_calls``. The server sends protocol 2 workers their work without the new
 fields (:func:`dump_work`) and never routes them requests that need a capability they did not report.
 
+Protocol 4 (additive, worker -> server only, so the server sends older workers nothing new): an embedding
+result too large for one frame comes as :class:`EmbeddingsPart` frames, then the :class:`Embeddings`
+frame with the last vectors (:func:`embeddings_frames`); :class:`WorkerError` may carry ``backend_died``
+(the backend's connection broke mid-request and its health check failed), which the server counts
+against the message, so that a message that crashes backends is not sent to one after another.
+
 The hot frames, ``token`` and ``token_batch``, are written and read without pydantic by
 :mod:`oasst_shared.token_frames`, to the same schema: these models define them and document them.
 
@@ -27,6 +33,9 @@ older than :data:`MIN_SUPPORTED_PROTOCOL_VERSION` and tells them to upgrade.
 
 from __future__ import annotations
 
+import json
+import re
+from collections.abc import Collection
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -47,7 +56,9 @@ from oasst_shared.tool_calls import ToolCall, ToolChoice, ToolDefinition
 # 2 added TokenBatch; a server speaking 2 still accepts 1, whose workers send a frame per token.
 # 3 added worker capabilities, tools, tool calls, logprobs and WorkerError.backend_unavailable; a server
 # speaking 3 still accepts 1 and 2.
-PROTOCOL_VERSION = 3
+# 4 added EmbeddingsPart and WorkerError.backend_died (worker -> server only); a server speaking 4 still
+# accepts 1 to 3.
+PROTOCOL_VERSION = 4
 TOOLS_PROTOCOL_VERSION = 3
 MIN_SUPPORTED_PROTOCOL_VERSION = 1
 
@@ -72,6 +83,14 @@ CLOSE_KEY_FORBIDS = 4003
 MAX_FRAME_BYTES = 1 << 20
 # The most text an error frame carries; workers cut longer errors to it.
 MAX_ERROR_CHARS = 4000
+# The most dimensions an embedding vector may have (the largest common models have 4,096): with the
+# request's inputs, it bounds what the server holds while it assembles a result sent in parts.
+MAX_EMBEDDING_DIMENSION = 8192
+# The most bytes one float takes in a frame's JSON ("-2.2250738585072014e-308" is 24), with its comma:
+# embedding results are cut into parts by this bound, so a part never needs to be measured.
+_MAX_FLOAT_JSON_BYTES = 25
+# Room in a frame for everything but the vectors (type, message id, start, prompt tokens).
+_FRAME_ENVELOPE_BYTES = 1024
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled"]
 BackendKind = Literal["tgi", "openai", "cpu", "embedding", "fake"]
@@ -300,12 +319,33 @@ class GeneratedText(_Frame):
 
 
 class Embeddings(_Frame):
-    """The result of an :class:`EmbedWork`: one vector per input, in input order."""
+    """The result of an :class:`EmbedWork`: one vector per input, in input order.
+
+    Protocol 4: after :class:`EmbeddingsPart` frames, it carries only the vectors after theirs."""
 
     type: Literal["embeddings"] = "embeddings"
     message_id: MessageId = Field(description="The embedding request that finished.")
-    embeddings: list[list[float]] = Field(min_length=1, description="One vector per input, in input order.")
+    embeddings: list[list[float]] = Field(
+        min_length=1,
+        description="One vector per input, in input order (after `embeddings_part` frames: the last ones).",
+    )
     prompt_tokens: int = Field(ge=0, description="Tokens in all inputs together.")
+
+
+class EmbeddingsPart(_Frame):
+    """Protocol 4: vectors of an embedding result too large for one frame, in input order.
+
+    The parts of a result come in order, then the :class:`Embeddings` frame with the vectors after
+    theirs; together they hold exactly one vector per input, all of one dimension
+    (at most :data:`MAX_EMBEDDING_DIMENSION`). :func:`embeddings_frames` cuts a result into them.
+    """
+
+    type: Literal["embeddings_part"] = "embeddings_part"
+    message_id: MessageId = Field(description="The embedding request.")
+    start: int = Field(
+        ge=0, description="The index of the input whose vector comes first: the vectors sent before it."
+    )
+    embeddings: list[list[float]] = Field(min_length=1, description="The vectors, in input order.")
 
 
 class WorkerError(_Frame):
@@ -314,6 +354,11 @@ class WorkerError(_Frame):
     ``backend_unavailable`` (protocol 3): the backend refused before doing the work (no free slot,
     connection refused, a 5xx), which is not the message's fault. The server re-queues the message
     without counting the attempt and gives this worker no work until its pongs report a healthy backend.
+
+    ``backend_died`` (protocol 4): the backend died while it ran the job; the server counts it against
+    the message (poison detection), and the worker takes no work until its backend is healthy again.
+    Written only when true (:func:`dump_frame` leaves a false one out), so the frame reads the same to
+    a server of any version.
     """
 
     type: Literal["error"] = "error"
@@ -333,6 +378,12 @@ class WorkerError(_Frame):
         description="Protocol 3: the backend refused before doing the work (no slot, connection refused, a "
         "5xx); the message is re-queued without counting the attempt.",
     )
+    backend_died: bool = Field(
+        False,
+        description="Protocol 4: the backend's connection broke while it ran this job and its health check "
+        "then failed: it died, maybe of this message. The server counts it against the message and fails "
+        "the message after `max_backend_deaths` instead of sending it to another backend.",
+    )
 
 
 class Drain(_Frame):
@@ -342,7 +393,15 @@ class Drain(_Frame):
 
 
 WorkerFrame = Annotated[
-    WorkerInfo | Pong | Token | TokenBatch | GeneratedText | Embeddings | WorkerError | Drain,
+    WorkerInfo
+    | Pong
+    | Token
+    | TokenBatch
+    | GeneratedText
+    | Embeddings
+    | EmbeddingsPart
+    | WorkerError
+    | Drain,
     Field(discriminator="type"),
 ]
 
@@ -444,7 +503,9 @@ _server_frame_adapter: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
 
 def parse_worker_frame(
     data: str | bytes,
-) -> WorkerInfo | Pong | Token | TokenBatch | GeneratedText | Embeddings | WorkerError | Drain:
+) -> (
+    WorkerInfo | Pong | Token | TokenBatch | GeneratedText | Embeddings | EmbeddingsPart | WorkerError | Drain
+):
     try:
         return _worker_frame_adapter.validate_json(data)
     except ValidationError as exc:
@@ -459,7 +520,82 @@ def parse_server_frame(data: str | bytes) -> Work | EmbedWork | Cancel | Ping | 
 
 
 def dump_frame(frame: BaseModel) -> str:
+    if isinstance(frame, WorkerError) and not frame.backend_died:
+        # Protocol 4's field only where it says something: the frame reads the same to any server.
+        return frame.model_dump_json(by_alias=True, exclude_none=False, exclude=_PROTOCOL_4_ERROR_FIELDS)
     return frame.model_dump_json(by_alias=True, exclude_none=False)
+
+
+_PROTOCOL_4_ERROR_FIELDS = {"backend_died"}
+
+
+def embeddings_frames(
+    message_id: str, vectors: list[list[float]], prompt_tokens: int
+) -> list[EmbeddingsPart | Embeddings]:
+    """An embedding result as frames that each fit :data:`MAX_FRAME_BYTES`: one :class:`Embeddings`
+    frame when it fits, else :class:`EmbeddingsPart` frames and then the :class:`Embeddings` frame with
+    the last vectors (protocol 4). Cut by the most bytes a float may take, so nothing is measured."""
+    dimension = max(len(v) for v in vectors)
+    per_vector = dimension * _MAX_FLOAT_JSON_BYTES + 3  # brackets and the comma after it
+    size = max(1, (MAX_FRAME_BYTES - _FRAME_ENVELOPE_BYTES) // per_vector)
+    frames: list[EmbeddingsPart | Embeddings] = [
+        EmbeddingsPart(message_id=message_id, start=start, embeddings=vectors[start : start + size])
+        for start in range(0, len(vectors) - size, size)
+    ]
+    last = len(frames) * size
+    frames.append(Embeddings(message_id=message_id, embeddings=vectors[last:], prompt_tokens=prompt_tokens))
+    return frames
+
+
+# A JSON string token (escapes included), or a bracket, a brace, a colon: enough to walk an object's
+# top level without parsing what lies below it.
+_JSON_TOKEN = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"|[{}\[\]:]')
+# The longest string token worth decoding: a key or a message id, every character escaped (\uXXXX).
+_MAX_TOKEN_CHARS = 256 * 6 + 2
+
+
+def top_level_strings(data: str | bytes, keys: Collection[str]) -> dict[str, str]:
+    """The string values of ``keys`` at the top level of a JSON object that may not parse (too deep for
+    a parser, or refused by the schema), each at most :data:`MAX_MESSAGE_ID_CHARS` long.
+
+    One pass over the text (a frame is at most :data:`MAX_FRAME_BYTES`) that decodes nothing but short
+    strings at the top level: the frame that failed to parse is not parsed again."""
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    if not text.lstrip().startswith("{"):
+        return {}
+    found: dict[str, str] = {}
+    depth = 0
+    name: str | None = None  # the last string token at the top level (a key, if a colon follows)
+    key: str | None = None  # the key whose value is the next token
+    for match in _JSON_TOKEN.finditer(text):
+        token = match.group()
+        if token == ":":
+            key, name = (name if depth == 1 else None), None
+            continue
+        if token[0] == '"' and depth == 1:
+            value = _json_string(token) if len(token) <= _MAX_TOKEN_CHARS else None
+            if key is not None and key in keys and key not in found and value is not None:
+                # Its value only if nothing (a number, a literal) stands between the colon and it.
+                between = text[text.rfind(":", 0, match.start()) + 1 : match.start()]
+                if not between.strip() and len(value) <= MAX_MESSAGE_ID_CHARS:
+                    found[key] = value
+            name = value
+        elif token in ("{", "["):
+            depth += 1
+        elif token in ("}", "]"):
+            depth -= 1
+            if depth <= 0:
+                break
+        key = None
+    return found
+
+
+def _json_string(token: str) -> str | None:
+    try:
+        value = json.loads(token)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
 
 
 def _short_error(exc: ValidationError) -> str:

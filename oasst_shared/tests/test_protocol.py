@@ -6,9 +6,14 @@ import pytest
 
 from oasst_shared.model_configs import SMOLLM2_135M, ModelConfig
 from oasst_shared.protocol import (
+    MAX_EMBEDDING_DIMENSION,
+    MAX_FRAME_BYTES,
+    PROTOCOL_VERSION,
     Cancel,
     ChatTurn,
     Drain,
+    Embeddings,
+    EmbeddingsPart,
     GeneratedText,
     Ping,
     Pong,
@@ -20,8 +25,11 @@ from oasst_shared.protocol import (
     WorkerError,
     WorkerInfo,
     dump_frame,
+    embeddings_frames,
+    frame_bytes,
     parse_server_frame,
     parse_worker_frame,
+    top_level_strings,
 )
 from oasst_shared.sampling import SamplingParameters
 
@@ -35,6 +43,9 @@ WORKER_FRAMES = [
     ),
     WorkerError(message_id="m", error="boom", retryable=True),
     WorkerError(error="backend down"),
+    WorkerError(message_id="m", error="the backend died", retryable=True, backend_died=True),
+    Embeddings(message_id="m", embeddings=[[0.5, -1.0]], prompt_tokens=4),
+    EmbeddingsPart(message_id="m", start=0, embeddings=[[0.25, 1e-300]]),
     Drain(),
 ]
 SERVER_FRAMES = [
@@ -186,3 +197,62 @@ def test_frame_size_is_counted_in_utf8_bytes() -> None:
     # Four bytes a character: a quarter of the limit in characters already fills it.
     emoji = "\U0001f600" * (MAX_FRAME_BYTES // 4)
     assert fits_in_frame(emoji) and not fits_in_frame(emoji + "x")
+
+
+# ---------------------------------------------------------------- protocol 4
+
+
+@pytest.mark.parametrize(
+    ("inputs", "dimension"), [(1, 384), (130, 384), (2048, 384), (40, 4096), (7, MAX_EMBEDDING_DIMENSION)]
+)
+def test_an_embedding_result_is_cut_into_frames_that_each_fit(inputs: int, dimension: int) -> None:
+    # The longest float JSON writes: every frame must fit however the vectors come out.
+    worst = -2.2250738585072014e-308
+    vectors = [[worst + i] * dimension for i in range(inputs)]
+    frames = embeddings_frames("m" * 64, vectors, prompt_tokens=inputs)
+    texts = [dump_frame(f) for f in frames]
+    assert all(frame_bytes(t) <= MAX_FRAME_BYTES for t in texts)
+    *parts, final = [parse_worker_frame(t) for t in texts]
+    assert all(isinstance(p, EmbeddingsPart) for p in parts) and isinstance(final, Embeddings)
+    starts = [p.start for p in parts if isinstance(p, EmbeddingsPart)]
+    assert starts == [sum(len(p.embeddings) for p in parts[:i]) for i in range(len(parts))]
+    assert [v for f in [*parts, final] for v in f.embeddings] == vectors
+    assert final.prompt_tokens == inputs
+
+
+def test_a_small_embedding_result_is_one_frame_as_before() -> None:
+    [frame] = embeddings_frames("m", [[0.1, 0.2], [0.3, 0.4]], prompt_tokens=2)
+    assert isinstance(frame, Embeddings) and frame.embeddings == [[0.1, 0.2], [0.3, 0.4]]
+
+
+def test_a_worker_error_reads_the_same_to_an_older_server_unless_the_backend_died() -> None:
+    assert PROTOCOL_VERSION == 4
+    plain = json.loads(dump_frame(WorkerError(message_id="m", error="e", retryable=True)))
+    assert "backend_died" not in plain  # a server of protocol 3 forbids unknown fields
+    died = parse_worker_frame(dump_frame(WorkerError(message_id="m", error="e", backend_died=True)))
+    assert isinstance(died, WorkerError) and died.backend_died
+
+
+def test_the_message_of_a_frame_too_deep_to_parse_is_found() -> None:
+    deep = '{"a":' * 300 + "1" + "}" * 300
+    text = f'{{"type":"work","schema":{deep},"message_id":"m-1","chat_id":"c"}}'
+    with pytest.raises(ProtocolError, match="recursion"):
+        parse_server_frame(text)
+    assert top_level_strings(text, ("type", "message_id")) == {"type": "work", "message_id": "m-1"}
+
+
+@pytest.mark.parametrize(
+    ("text", "found"),
+    [
+        ('{"inner": {"message_id": "no"}, "message_id" : "yes\\"q"}', {"message_id": 'yes"q'}),
+        ('{"message_id": 5, "x": "not its value"}', {}),
+        ('{"message_id": "' + "x" * 65 + '"}', {}),  # longer than any message id
+        ('["message_id", "m"]', {}),
+        ('{"message_id": "cut', {}),
+        (b'{"message_id":"bytes"', {"message_id": "bytes"}),
+        ('{"a": "\\u007b", "message_id": "m"}', {"message_id": "m"}),  # braces in strings do not count
+        ('{"a": "{[", "message_id": "m"}', {"message_id": "m"}),
+    ],
+)
+def test_top_level_strings_reads_only_the_top_level(text: str | bytes, found: dict[str, str]) -> None:
+    assert top_level_strings(text, ("message_id",)) == found

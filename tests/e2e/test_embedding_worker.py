@@ -47,8 +47,8 @@ def client(stack: Stack) -> Iterator[httpx.Client]:
     api.client.close()
 
 
-def embed(client: httpx.Client, inputs: Any) -> dict[str, Any]:
-    response = client.post("/v1/embeddings", json={"model": MODEL, "input": inputs})
+def embed(client: httpx.Client, inputs: Any, timeout: float = 120) -> dict[str, Any]:
+    response = client.post("/v1/embeddings", json={"model": MODEL, "input": inputs}, timeout=timeout)
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -94,3 +94,17 @@ def test_meaning_is_kept(client: httpx.Client):
         return sum(x * y for x, y in zip(a, b, strict=True))
 
     assert cosine(cat, kitten) > cosine(cat, stocks) + 0.2
+
+
+def test_the_documented_2048_inputs_come_back_whole_in_input_order(client: httpx.Client):
+    # Their vectors are some 15 MB of JSON: the worker sends them in parts (a frame holds ~130),
+    # and the server puts them back together.
+    inputs = [f"input {i}" + " more" * (i % 3) for i in range(2048)]
+    body = embed(client, inputs, timeout=900)  # some minutes on two busy cores
+    got = vectors(body)
+    assert len(got) == 2048 and {len(v) for v in got} == {384}
+    assert [item["index"] for item in body["data"]] == list(range(2048))
+    assert body["usage"]["prompt_tokens"] > 2048 * 3
+    for i in (0, 1, 777, 2047):  # each vector is its own input's, in its place
+        [alone] = vectors(embed(client, [inputs[i]]))
+        assert sum(x * y for x, y in zip(alone, got[i], strict=True)) > 0.9999

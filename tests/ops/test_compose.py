@@ -258,6 +258,17 @@ def test_dependencies_stay_inside_the_profile_and_wait_for_health():
         assert worker["depends_on"]["server"]["condition"] == "service_healthy"
 
 
+def test_every_service_is_restarted_when_it_exits_the_backends_first():
+    """A backend a request crashed (llama.cpp can take its process down) comes back by itself, as under
+    `make up`; so does every other service (the worker meanwhile takes no work, the server's message
+    accounting counts the death against the request)."""
+    compose = load_compose()
+    for name, service in compose["services"].items():
+        assert service.get("restart") in ("unless-stopped", "always"), f"{name} is not restarted"
+    for profile, backend in (("inference", "tgi"), ("inference-cpu", "cpu-backend")):
+        assert services_of(compose, profile)[backend]["restart"] == "unless-stopped"
+
+
 def test_redis_never_evicts_and_keeps_an_append_only_file():
     command = load_compose()["services"]["redis"]["command"]
     text = " ".join(command) if isinstance(command, list) else command

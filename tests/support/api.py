@@ -88,6 +88,30 @@ async def answer(client: httpx.AsyncClient, user: User, chat_id: str, parent_id:
     return str(response.json()["id"])
 
 
+async def follow_up(client: httpx.AsyncClient, user: User, chat_id: str, parent_id: str, content: str) -> str:
+    """The id of a new prompter message answering the assistant message ``parent_id``."""
+    response = await client.post(
+        f"/chats/{chat_id}/prompter_message",
+        json={"parent_id": parent_id, "content": content},
+        headers=user.headers,
+    )
+    assert response.status_code == 200, response.text
+    return str(response.json()["id"])
+
+
+async def set_content(app: FastAPI, message_id: str, content: str) -> None:
+    """Store ``content`` as the message's, past every bound the API keeps (as a message from before)."""
+    from sqlalchemy import update
+
+    from oasst_inference_server.db.models import DbMessage
+
+    async with app.state.session_factory() as session:
+        await session.exec(
+            update(DbMessage).where(DbMessage.id == message_id).values(content=content)  # type: ignore[arg-type]
+        )
+        await session.commit()
+
+
 async def finish_message(app: FastAPI, message_id: str, content: str = "An answer.") -> None:
     """Complete a pending answer as a worker would (no worker runs in these tests)."""
     from sqlalchemy import update

@@ -11,15 +11,18 @@ Run: ``python tests/support/fake_backend.py PORT``. What it does depends on a ma
 * ``[[nul]]``    three tokens, the second holding a NUL character (text no frame may carry)
 * ``[[huge]]``   max_new_tokens tokens of 2,000 characters each (an answer over the frame limit)
 * ``[[linger]]`` a whole answer, then the response stays open (it never ends after its last event)
+* ``[[die]]``    one token, then the whole process exits (a backend that crashes on a poison request)
 * otherwise     ``max_new_tokens`` tokens at once, then eos
 
-``GET /stats`` reports how many streams started, finished and were disconnected by the client.
+``GET /stats`` reports how many streams started, finished and were disconnected by the client;
+``GET /prompts`` the prompts it was sent (their first 200 characters, the last 100).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sys
 
 import uvicorn
@@ -33,6 +36,7 @@ CHATML = (
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 STATS = {"started": 0, "finished": 0, "disconnected": 0, "active": 0}
+PROMPTS: list[str] = []
 
 
 def _chunk(index: int, text: str, final: str | None = None, reason: str = "length") -> bytes:
@@ -51,6 +55,8 @@ async def generate_stream(request: Request) -> Response:
     body = await request.json()
     prompt: str = body.get("inputs", "")
     max_new = int((body.get("parameters") or {}).get("max_new_tokens") or 20)
+    PROMPTS.append(prompt[:200])
+    del PROMPTS[:-100]
     if "[[error]]" in prompt:
         return JSONResponse({"error": "scripted failure", "error_type": "generation"}, status_code=500)
     if "[[invalid]]" in prompt:
@@ -68,6 +74,10 @@ async def generate_stream(request: Request) -> Response:
                 for i in range(2):
                     yield _chunk(i + 1, f" s{i}")
                 await asyncio.sleep(3600)
+            if "[[die]]" in prompt:
+                yield _chunk(1, " x")
+                await asyncio.sleep(0.1)  # the token reaches the worker first: it dies mid-answer
+                os._exit(3)
             if "[[drop]]" in prompt:
                 for i in range(3):
                     yield _chunk(i + 1, f" d{i}")
@@ -121,6 +131,10 @@ async def stats(_request: Request) -> Response:
     return JSONResponse(STATS)
 
 
+async def prompts(_request: Request) -> Response:
+    return JSONResponse(PROMPTS)
+
+
 app = Starlette(
     routes=[
         Route("/", generate_stream, methods=["POST"]),
@@ -129,6 +143,7 @@ app = Starlette(
         Route("/health", health),
         Route("/tokenize", tokenize, methods=["POST"]),
         Route("/stats", stats),
+        Route("/prompts", prompts),
     ]
 )
 

@@ -36,6 +36,9 @@ class FakeBackend:
     def stats(self) -> dict[str, int]:
         return dict(httpx.get(f"{self.url}/stats", timeout=5).json())
 
+    def prompts(self) -> list[str]:
+        return list(httpx.get(f"{self.url}/prompts", timeout=5).json())
+
 
 def start_fake_backend(log_dir: Path, port: int | None = None) -> FakeBackend:
     """The scripted backend on ``port`` (else a free one), once it answers."""

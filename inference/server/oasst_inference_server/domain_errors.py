@@ -10,6 +10,8 @@ people.
     │                       a parent message that does not fit, too many messages in a request (400)
     ├── InvalidValue        a value breaks a documented bound: settings, a message or a system prompt
     │                       too long (422)
+    ├── TooLarge            the request is larger than what it starts can carry: its work frame would
+    │                       be over the worker socket's frame limit (413)
     ├── NotAuthenticated    no valid credentials: expired or forged token, unknown user (401)
     ├── NotPermitted        the caller is known but may not do this: a disabled feature, a wrong admin
     │                       token, a priority from an untrusted client (403)
@@ -44,6 +46,10 @@ class InvalidRequest(DomainError):
 
 class InvalidValue(DomainError):
     """A value breaks a documented bound."""
+
+
+class TooLarge(DomainError):
+    """The request is larger than what it starts can carry."""
 
 
 class NotAuthenticated(DomainError):

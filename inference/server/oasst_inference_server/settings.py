@@ -135,6 +135,15 @@ class Settings(BaseSettings):
             "without spending an attempt; past it every refusal counts as an attempt"
         ),
     )
+    max_backend_deaths: int = Field(
+        default=2,
+        ge=1,
+        description=(
+            "Backend deaths a message may be running at (its worker's backend died mid-request) before it "
+            "fails instead of being retried: a message that crashes backends is not sent to one after "
+            "another. 1 fails every message a crash interrupts; 2 retries them once"
+        ),
+    )
     min_generation_rate: float = Field(
         default=2.0,
         gt=0,

@@ -4,7 +4,9 @@ The chat routes (an assistant message) and the OpenAI-compatible API (a completi
 work the same way, through one :class:`SubmissionService` built at startup:
 
 1. admission: what the model's workers can honour (``admission.capabilities``), the user's rate and
-   concurrency (``admission.rate_limit``), the chat's size and the model's queue (``admission.limits``);
+   concurrency (``admission.rate_limit``), the chat's size and the model's queue (``admission.limits``),
+   and that its work fits one worker frame (``admission.frame_size``: nothing is stored that no frame
+   can carry);
 2. the pending message is inserted with its fair-queue ticket (``dispatch.fair_share``) and committed;
 3. it is queued (``MessageLifecycle.enqueue``). A failure to queue is logged, not raised: the message is
    safely pending in the database, and the recovery loop queues it.
@@ -19,6 +21,7 @@ from loguru import logger
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.admission.capabilities import check_capabilities
+from oasst_inference_server.admission.frame_size import check_frame_size
 from oasst_inference_server.admission.limits import (
     check_chat_capacity,
     check_chat_room,
@@ -92,17 +95,30 @@ class SubmissionService:
         requested: SchedulingRequest,
         *,
         chat: DbChat | None = None,
-        chat_characters: int | None = None,
+        chat_size: ChatSize | None = None,
         parent: DbMessage | None = None,
+        max_input_tokens: int | None = None,
     ) -> DbMessage:
         """Commit ``message`` as pending with its fair-queue ticket (and whatever else ``session`` holds;
         ``chat``, if given, gets it as its newest message), then queue it; or, when nothing waits in the
         model's queue and a worker of this process is idle, hand it to that worker before the commit
-        (:mod:`.dispatch.handoff`). ``chat_characters``: the length of the chat's messages, if
-        :meth:`admit` measured it (the ticket then needs no query). ``parent``: the message it answers,
-        if the caller holds it (a hand-over of a new chat's first answer then reads no conversation)."""
+        (:mod:`.dispatch.handoff`). ``chat_size``: the chat's, if :meth:`admit` counted it (the ticket
+        and the frame's bound then need no query). ``parent``: the message it answers, if the caller
+        holds it (a hand-over of a new chat's first answer then reads no conversation).
+        ``max_input_tokens``: the model's input budget, to which the conversation sent is cut.
+
+        ``TooLarge`` (nothing stored) if the message's work frame would be over the frame limit."""
+        known = (parent,) if parent is not None else ()
+        await check_frame_size(
+            session, message, max_input_tokens=max_input_tokens, chat_size=chat_size, known=known
+        )
         ticket = await fair_share.new_ticket(
-            session, self._settings, message, requested, user=user, chat_characters=chat_characters
+            session,
+            self._settings,
+            message,
+            requested,
+            user=user,
+            chat_characters=chat_size.characters if chat_size is not None else None,
         )
         message.scheduling = ticket.model_dump(mode="json")
         session.add(message)
@@ -110,7 +126,6 @@ class SubmissionService:
             chat.modified_at = message.enqueued_at or utcnow()
             chat.active_thread_tail_message_id = message.id
             session.add(chat)
-        known = (parent,) if parent is not None else ()
         handed = await self._handoff.try_hand_over(session, message, ticket, known) if self._handoff else None
         if handed is not None:
             try:
@@ -211,8 +226,9 @@ class SubmissionService:
             user,
             requested,
             chat=chat,
-            chat_characters=size.characters if size else None,
+            chat_size=size,
             parent=parent,
+            max_input_tokens=model.config.max_input_length,
         )
 
     async def _chat_model(self, name: str) -> LiveModel:

@@ -13,7 +13,15 @@ import pytest
 from pydantic import BaseModel
 
 from oasst_shared.model_configs import MINILM_EMBEDDING, SMOLLM2_135M
-from oasst_shared.protocol import Embeddings, EmbedWork, Work, WorkerError, dump_frame
+from oasst_shared.protocol import (
+    Embeddings,
+    EmbeddingsPart,
+    EmbedWork,
+    Work,
+    WorkerError,
+    dump_frame,
+    fits_in_frame,
+)
 from oasst_worker.backends.protocols import EmbeddingBackend, GenerationBackend
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
 from oasst_worker.backends.sentence_encoder import SentenceEncoder, bundled_model_path
@@ -98,6 +106,18 @@ async def test_the_job_answers_with_one_embeddings_frame(encoder: SentenceEncode
     assert frame.prompt_tokens == 9
     # The frame is valid on the wire.
     assert Embeddings.model_validate_json(dump_frame(frame)) == frame
+
+
+async def test_a_result_larger_than_a_frame_goes_in_parts(encoder: SentenceEncoder) -> None:
+    inputs = [f"sentence {i}" for i in range(120)]  # a frame holds 109 vectors of 384 at the most
+    frames = Frames()
+    await EmbeddingJob(embed_work(*inputs), backend=encoder).run(frames)
+    *parts, final = frames.sent
+    assert parts and all(isinstance(p, EmbeddingsPart) for p in parts) and isinstance(final, Embeddings)
+    assert all(fits_in_frame(dump_frame(f)) for f in frames.sent)
+    together = [v for f in frames.sent for v in f.embeddings]  # type: ignore[attr-defined]
+    alone = await encoder.embed(inputs)
+    assert together == alone.vectors and final.prompt_tokens == alone.prompt_tokens
 
 
 class GenerationOnly(GenerationBackend):

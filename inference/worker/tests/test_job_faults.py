@@ -3,6 +3,7 @@ backend that refuses before starting is reported as not the message's fault."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -113,3 +114,80 @@ async def test_a_backend_refusal_stops_the_worker_taking_work_but_a_full_worker_
     [refusal] = await handle(client, work.model_copy(update={"message_id": "m2"}))
     assert isinstance(refusal, WorkerError) and refusal.backend_unavailable
     assert client._health.healthy
+
+
+class Dying(Scripted):
+    """A backend whose connection breaks mid-answer; ``alive`` is what its health check then says."""
+
+    def __init__(self, alive: bool) -> None:
+        super().__init__(
+            [StreamedToken(" a"), BackendError("stream cut", retryable=True, connection_lost=True)]
+        )
+        self.alive = alive
+        self.asked = 0
+
+    async def healthy(self) -> bool:
+        self.asked += 1
+        return self.alive
+
+
+async def test_a_backend_that_dies_mid_answer_is_reported_as_dead() -> None:
+    frames = Frames()
+    backend = Dying(alive=False)
+    await job_for(backend).run(frames)
+    error = frames.sent[-1]
+    assert isinstance(error, WorkerError) and error.backend_died and error.retryable
+    assert not error.backend_unavailable and "died" in error.error and backend.asked == 1
+
+
+async def test_a_stream_cut_by_a_backend_that_still_answers_is_no_death() -> None:
+    frames = Frames()
+    backend = Dying(alive=True)
+    await job_for(backend).run(frames)
+    error = frames.sent[-1]
+    assert isinstance(error, WorkerError) and error.retryable and not error.backend_died
+
+
+async def test_other_failures_do_not_ask_whether_the_backend_died() -> None:
+    frames = Frames()
+    backend = Dying(alive=False)
+    backend.items = [BackendError("the backend sent no token for 5s", retryable=True)]
+    await job_for(backend).run(frames)
+    [error] = frames.sent
+    assert isinstance(error, WorkerError) and not error.backend_died and backend.asked == 0
+
+
+async def test_a_dead_backend_stops_the_worker_taking_work() -> None:
+    from oasst_worker.connection.client import WorkerClient
+    from oasst_worker.jobs.generation import GenerationJobFactory
+    from oasst_worker.settings import WorkerSettings
+
+    client = WorkerClient(WorkerSettings(), GenerationJobFactory(Dying(alive=False), CONFIG))
+    client._health.healthy = True
+    work = Work(message_id="m1", model_config_name=CONFIG.name, thread=[ChatTurn(role="user", content="hi")])
+    sent = await handle(client, work)
+    for _ in range(200):
+        if any(isinstance(f, WorkerError) for f in sent):
+            break
+        await asyncio.sleep(0.01)
+    [error] = [f for f in sent if isinstance(f, WorkerError)]
+    assert error.backend_died and not client._health.healthy and client.free_slots == 0
+
+
+async def test_a_cancel_while_the_dead_backend_is_asked_still_answers_the_job() -> None:
+    class SlowToTell(Dying):
+        async def healthy(self) -> bool:
+            await asyncio.sleep(30)
+            return False
+
+    frames = Frames()
+    job = job_for(SlowToTell(alive=False))
+    task = asyncio.create_task(job.run(frames))
+    while not frames.sent:  # the token, then the job asks the backend
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.05)
+    job.cancel_requested = True
+    task.cancel()
+    await task
+    error = frames.sent[-1]
+    assert isinstance(error, WorkerError) and error.message_id == "m1" and not error.backend_died

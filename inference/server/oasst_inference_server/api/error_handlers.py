@@ -29,6 +29,7 @@ _OPENAI_ERROR_TYPES = {
     403: "permission_error",
     404: "not_found_error",
     409: "conflict_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable_error",
 }
@@ -38,6 +39,7 @@ _OPENAI_ERROR_TYPES = {
 DOMAIN_STATUS: dict[type[de.DomainError], int] = {
     de.InvalidRequest: 400,
     de.InvalidValue: 422,
+    de.TooLarge: 413,
     de.NotAuthenticated: 401,
     de.NotPermitted: 403,
     de.NotFound: 404,

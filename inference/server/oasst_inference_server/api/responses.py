@@ -56,7 +56,12 @@ def document_errors(app: FastAPI, *, skip_prefixes: tuple[str, ...] = ("/v1/",))
                     }
                 if "requestBody" in operation:
                     responses.setdefault(
-                        "413", {"description": "The body is over OASST_SERVER_MAX_REQUEST_BODY_BYTES", **ref}
+                        "413",
+                        {
+                            "description": "The body is over OASST_SERVER_MAX_REQUEST_BODY_BYTES, or the "
+                            "work it starts over the worker frame limit",
+                            **ref,
+                        },
                     )
                 responses.setdefault("500", {"description": "Unexpected server error", **ref})
         app.openapi_schema = schema

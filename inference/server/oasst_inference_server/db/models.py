@@ -109,6 +109,8 @@ class DbMessage(SQLModel, table=True):
     generation_deadline: datetime | None = None
     # Times a backend refused this message for want of capacity; refunded up to max_backend_refusals.
     backend_refusals: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # Times a worker's backend died while it ran this message; at max_backend_deaths it fails (poison).
+    backend_deaths: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     # For requests without a chat: the thread / raw prompt / embedding inputs to send the worker.
     request_payload: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     # Results that are not text (embedding vectors).

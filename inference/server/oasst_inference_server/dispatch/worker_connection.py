@@ -45,6 +45,7 @@ from oasst_inference_server.dispatch.compliance_store import (
     ComplianceRecorder,
 )
 from oasst_inference_server.dispatch.dispatcher import ModelDispatcher
+from oasst_inference_server.dispatch.embedding_parts import EmbeddingAssembly, PartRefused
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, UnsendableMessage
 from oasst_inference_server.dispatch.token_relay import TokenRelay
 from oasst_inference_server.dispatch.trust import WorkerTrust
@@ -71,6 +72,7 @@ from oasst_shared.protocol import (
     Cancel,
     Drain,
     Embeddings,
+    EmbeddingsPart,
     EmbedWork,
     GeneratedText,
     Ping,
@@ -164,6 +166,8 @@ class WorkerConnection:
         self._streamed_bytes: dict[str, int] = {}
         # Token frames taken per user job, bounded by worker_frames.token_cap (the rest are dropped).
         self._token_frames: dict[str, int] = {}
+        # Embedding jobs: the vectors received so far of results sent in parts (protocol 4).
+        self._embeddings: dict[str, EmbeddingAssembly] = {}
         # Set while a step waits out a storage outage: the worker is not the one that is silent.
         self._waiting_for_storage = False
         # Resolved once: labels() is a locked dict lookup, and this counter moves on every token.
@@ -433,18 +437,20 @@ class WorkerConnection:
             await self._handle(part)
         await self._gate.wait(salvaged.refused)
         for message_id, why in salvaged.refused.items():
-            if message_id not in self.in_flight:
-                continue
-            logger.warning("worker {}: refused a frame of message {}: {}", self.session_id, message_id, why)
-            await self._relay.flush()
-            self._done(message_id)
-            reason = f"the worker sent a frame the server refuses ({why})"[:500]
-            await self._durably(
-                functools.partial(
-                    self._lifecycle.release, message_id, self.session_id, reason, retryable=False
-                ),
-                f"failing message {message_id}",
-            )
+            await self._fail_refused(message_id, why)
+
+    async def _fail_refused(self, message_id: str, why: str) -> None:
+        """Fail a message the worker sent a refused frame for (only it: the connection goes on)."""
+        if message_id not in self.in_flight:
+            return
+        logger.warning("worker {}: refused a frame of message {}: {}", self.session_id, message_id, why)
+        await self._relay.flush()
+        self._done(message_id)
+        reason = f"the worker sent a frame the server refuses ({why})"[:500]
+        await self._durably(
+            functools.partial(self._lifecycle.release, message_id, self.session_id, reason, retryable=False),
+            f"failing message {message_id}",
+        )
 
     async def _handle(self, frame: ReceivedFrame) -> None:
         """One valid frame. A storage outage is waited out here; any other fault of one message's frame
@@ -526,10 +532,23 @@ class WorkerConnection:
                     f"storing message {frame.message_id}",
                 )
                 self._done(frame.message_id)
+        elif isinstance(frame, EmbeddingsPart):
+            assembly = self._embeddings.get(frame.message_id)
+            if assembly is not None and frame.message_id not in self._gate.void:
+                try:
+                    assembly.add(frame)
+                except PartRefused as exc:
+                    await self._fail_refused(frame.message_id, str(exc))
         elif isinstance(frame, Embeddings):
             if frame.message_id in self.in_flight:
+                assembly = self._embeddings.get(frame.message_id)
+                try:
+                    result = assembly.result(frame) if assembly is not None else frame
+                except PartRefused as exc:
+                    await self._fail_refused(frame.message_id, str(exc))
+                    return
                 await self._durably(
-                    lambda: self._lifecycle.complete_embeddings(self.session_id, frame),
+                    lambda: self._lifecycle.complete_embeddings(self.session_id, result),
                     f"storing message {frame.message_id}",
                 )
                 self._done(frame.message_id)
@@ -606,6 +625,8 @@ class WorkerConnection:
             self._work[message_id] = work
             if self._spot_checks is not None and not self.trust.trusted and self._spot_checks.wants(work):
                 self._spot_tokens[message_id] = []
+        else:
+            self._embeddings[message_id] = EmbeddingAssembly(len(work.inputs))
         self._dispatched_at[message_id] = time.monotonic()
         metrics.DISPATCHED.labels(self.model_name).inc()
         metrics.IN_FLIGHT.labels(self.model_name).inc()
@@ -743,9 +764,10 @@ class WorkerConnection:
         await self._relay.flush()  # a retry or error event comes after the tokens it discards
         message_id = error.message_id
         self._done(message_id)
-        if error.backend_unavailable:
-            # The backend had no room or was down: stop sending this worker work until a pong says
-            # its backend is healthy again, and hand the message back without spending its attempt.
+        if error.backend_unavailable or error.backend_died:
+            # The backend had no room, was down or died: stop sending this worker work until a pong
+            # says its backend is healthy again. A refused message goes back without spending its
+            # attempt; one that was running when the backend died has the death counted against it.
             self.backend_healthy = False
             self._capacity_changed()
         await self._durably(
@@ -755,6 +777,7 @@ class WorkerConnection:
                 error.error,
                 retryable=error.retryable,
                 backend_refused=error.backend_unavailable,
+                backend_died=error.backend_died,
             ),
             f"releasing message {message_id}",
         )
@@ -805,6 +828,7 @@ class WorkerConnection:
         self._streamed_bytes.pop(message_id, None)
         self._token_frames.pop(message_id, None)
         self._spot_tokens.pop(message_id, None)
+        self._embeddings.pop(message_id, None)
         if self.capacity.reported_free_slots is not None:
             self.capacity.reported_free_slots += 1
         self._capacity_changed()

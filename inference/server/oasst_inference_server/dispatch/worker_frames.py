@@ -18,7 +18,14 @@ from typing import TypeAlias
 
 from pydantic import ValidationError
 
-from oasst_shared.protocol import GeneratedText, ProtocolError, Token, Work, WorkerFrame
+from oasst_shared.protocol import (
+    GeneratedText,
+    ProtocolError,
+    Token,
+    Work,
+    WorkerFrame,
+    top_level_strings,
+)
 from oasst_shared.token_frames import TokenFrames, decode_worker_frame, from_model
 
 # Slack for tokens that leave no text (a stop sequence cut from the answer, special tokens).
@@ -42,7 +49,10 @@ def salvage(text: str | bytes, error: str) -> Salvaged | None:
     """The valid parts of a refused frame and the messages of the invalid ones; None if it names none."""
     try:
         data = json.loads(text)
-    except (ValueError, RecursionError):  # RecursionError: nesting deeper than the parser goes
+    except RecursionError:  # nesting deeper than the parser goes: its message, if it names one
+        message_id = top_level_strings(text, ("message_id",)).get("message_id")
+        return Salvaged(refused={message_id: error}) if message_id is not None else None
+    except ValueError:
         return None
     if not isinstance(data, dict):
         return None

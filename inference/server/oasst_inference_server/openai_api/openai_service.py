@@ -171,7 +171,7 @@ class OpenAIService:
         message = self._new_message(
             caller, "completion", model, sampling, payload, system_prompt=system_prompt
         )
-        return await self._submit(session, caller, message, thread)
+        return await self._submit(session, caller, model, message, thread)
 
     async def submit_completion(
         self,
@@ -182,13 +182,13 @@ class OpenAIService:
         prompt: str,
     ) -> DbMessage:
         message = self._new_message(caller, "completion", model, sampling, {"raw_prompt": prompt})
-        return await self._submit(session, caller, message, [ChatTurn(role="user", content=prompt)])
+        return await self._submit(session, caller, model, message, [ChatTurn(role="user", content=prompt)])
 
     async def submit_embedding(
         self, session: AsyncSession, caller: Caller, model: LiveModel, inputs: list[str]
     ) -> DbMessage:
         message = self._new_message(caller, "embedding", model, None, {"inputs": inputs})
-        return await self._submit(session, caller, message)
+        return await self._submit(session, caller, model, message)
 
     def _new_message(
         self,
@@ -242,13 +242,20 @@ class OpenAIService:
         self,
         session: AsyncSession,
         caller: Caller,
+        model: LiveModel,
         message: DbMessage,
         thread: list[ChatTurn] | None = None,
     ) -> DbMessage:
         """Commit and queue the message; with ``store_api_conversations``, ``thread`` as its chat."""
         if thread is not None and self.settings.store_api_conversations:
             self._store_as_chat(session, message, thread)
-        return await self._submission.submit(session, message, caller.user, caller.scheduling)
+        return await self._submission.submit(
+            session,
+            message,
+            caller.user,
+            caller.scheduling,
+            max_input_tokens=model.config.max_input_length,
+        )
 
     # ------------------------------------------------------------ following a request
     async def events(

@@ -24,15 +24,9 @@ from oasst_shared.protocol import (
     dump_frame,
     dump_work,
 )
-from tests.support.api import API, answer, finish_message, start_chat
+from tests.support.api import API, answer, finish_message, follow_up, set_content, start_chat
 
 pytestmark = API
-
-
-async def set_content(app, message_id: str, content: str) -> None:
-    async with app.state.session_factory() as session:
-        await session.exec(update(DbMessage).where(DbMessage.id == message_id).values(content=content))
-        await session.commit()
 
 
 async def message(app, message_id: str) -> DbMessage:
@@ -86,13 +80,8 @@ async def test_text_no_frame_may_carry_fails_at_claim(client, app, user, live_mo
 async def test_the_conversation_is_cut_to_the_model_s_budget_before_it_is_sent(client, app, user, live_model):
     chat = await start_chat(client, user, "first question", live_model)
     await finish_message(app, chat.assistant_id, "first answer")
-    second = await client.post(
-        f"/chats/{chat.chat_id}/prompter_message",
-        json={"parent_id": chat.assistant_id, "content": "second question"},
-        headers=user.headers,
-    )
-    assert second.status_code == 200, second.text
-    answer_id = await answer(client, user, chat.chat_id, second.json()["id"], live_model)
+    second = await follow_up(client, user, chat.chat_id, chat.assistant_id, "second question")
+    answer_id = await answer(client, user, chat.chat_id, second, live_model)
     # The oldest turn alone is over a 100-token budget (in the server's generous character bound).
     await set_content(app, chat.prompter_id, "q" * (100 * MAX_CHARS_PER_TOKEN))
     claimed = await app.state.lifecycle.claim(answer_id, "ws-test", max_input_tokens=100)
@@ -134,6 +123,40 @@ async def test_refusals_past_the_limit_count_as_attempts(client, app, user, live
     assert await lifecycle.claim(chat.assistant_id, "ws-a") is not None
     await lifecycle.release(chat.assistant_id, "ws-a", "no free slot", backend_refused=True)
     assert (await message(app, chat.assistant_id)).attempts == 1
+
+
+async def test_a_message_running_when_backends_die_fails_at_the_limit_instead_of_moving_on(
+    client, app, user, live_model
+):
+    chat = await start_chat(client, user, "the poison", live_model)
+    lifecycle = app.state.lifecycle
+    limit = app.state.settings.max_backend_deaths
+    assert limit == 2  # the default: a message a crash interrupts is tried once more
+    assert await lifecycle.claim(chat.assistant_id, "ws-a") is not None
+    await lifecycle.release(chat.assistant_id, "ws-a", "the backend died", backend_died=True)
+    once = await message(app, chat.assistant_id)
+    assert (once.state, once.attempts, once.backend_deaths) == ("pending", 1, 1)
+    assert await lifecycle.claim(chat.assistant_id, "ws-b") is not None
+    await lifecycle.release(chat.assistant_id, "ws-b", "the backend died again", backend_died=True)
+    poison = await message(app, chat.assistant_id)
+    assert (poison.state, poison.attempts, poison.backend_deaths) == ("aborted_by_worker", 2, 2)
+    assert "died 2 times" in (poison.error or "") and "the backend died again" in (poison.error or "")
+    # It fails although attempts remain: no third backend gets it.
+    assert poison.attempts < app.state.settings.max_attempts
+    assert await lifecycle.claim(chat.assistant_id, "ws-c") is None
+
+
+async def test_refusals_and_lost_workers_are_no_backend_deaths(client, app, user, live_model):
+    chat = await start_chat(client, user, "innocent", live_model)
+    lifecycle = app.state.lifecycle
+    assert await lifecycle.claim(chat.assistant_id, "ws-a") is not None
+    await lifecycle.release(chat.assistant_id, "ws-a", "no free slot", backend_refused=True)
+    assert await lifecycle.claim(chat.assistant_id, "ws-b") is not None
+    await lifecycle.release(chat.assistant_id, "ws-b", "worker lost")
+    assert await lifecycle.claim(chat.assistant_id, "ws-c") is not None
+    await lifecycle.release(chat.assistant_id, "ws-c", "the backend died", backend_died=True)
+    survivor = await message(app, chat.assistant_id)
+    assert (survivor.state, survivor.backend_deaths) == ("pending", 1)
 
 
 async def test_a_result_after_a_cancel_request_is_stored_as_cancelled(client, app, user, live_model):
@@ -208,3 +231,26 @@ async def test_the_claim_sets_the_generation_deadline_from_the_hints_max_new_tok
         assert claimed.generation_deadline is not None and claimed.started_at is not None
         seconds = (claimed.generation_deadline - claimed.started_at).total_seconds()
         assert seconds == pytest.approx(settings.in_progress_bound(asked)), told
+
+
+async def test_an_embedding_s_time_bound_grows_with_its_inputs(app):
+    """2,048 inputs take minutes on a small CPU: the in-progress bound counts one unit per input (it was
+    the bare grace, and a long embedding was cancelled and retried over and over)."""
+    settings, lifecycle = app.state.settings, app.state.lifecycle
+    for inputs in (1, 2048):
+        embedding = DbMessage(
+            kind="embedding",
+            role="assistant",
+            state="pending",
+            model_config_name="an-encoder",
+            request_payload={"inputs": ["text"] * inputs},
+        )
+        async with app.state.session_factory() as session:
+            session.add(embedding)
+            await session.commit()
+        claimed = await lifecycle.claim(embedding.id, "ws-test", max_new_tokens=0)  # the ticket's hint
+        assert claimed is not None and claimed.work_units == inputs
+        stored = await message(app, embedding.id)
+        assert stored.generation_deadline is not None and stored.started_at is not None
+        seconds = (stored.generation_deadline - stored.started_at).total_seconds()
+        assert seconds == pytest.approx(settings.in_progress_bound(inputs))

@@ -364,11 +364,16 @@ class OpenAiBackend(GenerationBackend):
                     if choice.finish_reason:
                         final = choice
         except httpx.TransportError as exc:
+            refused = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
             raise BackendError(
                 f"backend connection failed: {type(exc).__name__}: {exc}",
                 retryable=True,
                 # Refused before a byte was read: the backend is down, the message did nothing wrong.
-                unavailable=response is None and isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout)),
+                unavailable=response is None and refused,
+                # Reset or closed after the request was sent: the backend may have died of it.
+                connection_lost=isinstance(
+                    exc, (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
+                ),
             ) from None
         finally:
             # Closing the response closes the connection, so the server stops generating.

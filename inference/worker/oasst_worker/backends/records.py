@@ -19,12 +19,19 @@ class BackendError(Exception):
     ``unavailable``: the backend refused before starting the work (no free slot, connection refused,
     a 5xx before any token). That is not the message's fault: the server re-queues it without counting
     the attempt, and the worker takes no work until its backend's health check passes again.
+
+    ``connection_lost``: the connection broke after the request was sent (reset, closed without an
+    answer, a stream cut short). The backend may have died while it ran the request, maybe of it: the
+    job asks the backend's health check to tell (a dead backend counts against the message).
     """
 
-    def __init__(self, message: str, *, retryable: bool, unavailable: bool = False):
+    def __init__(
+        self, message: str, *, retryable: bool, unavailable: bool = False, connection_lost: bool = False
+    ):
         super().__init__(message)
-        self.retryable = retryable or unavailable
+        self.retryable = retryable or unavailable or connection_lost
         self.unavailable = unavailable
+        self.connection_lost = connection_lost
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
+import aiohttp
 import httpx
 from pydantic import BaseModel, ConfigDict, ValidationError
 from text_generation import AsyncClient
@@ -178,19 +179,27 @@ class TgiBackend(GenerationBackend):
             raise BackendError(
                 f"the backend sent no token for {self._token_timeout:.0f}s", retryable=True
             ) from None
-        except OSError as exc:
-            # Nothing generated yet: the backend refused the connection (or is restarting).
+        except aiohttp.ClientConnectorError as exc:
+            # The backend refused the connection (it is down, or restarting): the request never left.
             raise BackendError(
                 f"backend connection failed: {exc}", retryable=True, unavailable=generated == 0
             ) from None
-        except Exception as exc:  # aiohttp's own errors and malformed payloads
-            if type(exc).__module__.startswith("aiohttp"):
-                raise BackendError(
-                    f"backend connection failed: {exc}",
-                    retryable=True,
-                    unavailable=generated == 0 and "Connect" in type(exc).__name__,
-                ) from None
-            raise
+        except OSError as exc:
+            # The connection broke after the request was sent (reset): nothing generated yet is still
+            # the backend's state, not the message's, unless the backend died of it (the job asks).
+            raise BackendError(
+                f"backend connection lost: {exc}",
+                retryable=True,
+                unavailable=generated == 0,
+                connection_lost=True,
+            ) from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError) as exc:
+            # Closed without an answer, or the stream cut short: the backend may have died mid-request.
+            raise BackendError(
+                f"backend connection lost: {type(exc).__name__}: {exc}", retryable=True, connection_lost=True
+            ) from None
+        except aiohttp.ClientError as exc:  # aiohttp's other errors (a malformed response...)
+            raise BackendError(f"backend connection failed: {exc}", retryable=True) from None
         finally:
             await stream.aclose()  # closes the HTTP stream, so the backend stops generating
         raise BackendError("the backend stream ended without a final result", retryable=True)

@@ -16,6 +16,7 @@ from websockets.asyncio.client import ClientConnection
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from oasst_shared.protocol import (
+    MAX_ERROR_CHARS,
     Cancel,
     Drain,
     EmbedWork,
@@ -26,6 +27,7 @@ from oasst_shared.protocol import (
     Work,
     WorkerError,
     parse_server_frame,
+    top_level_strings,
 )
 from oasst_worker.connection.backend_health import BackendHealth
 from oasst_worker.connection.errors import FatalWorkerError
@@ -34,6 +36,9 @@ from oasst_worker.connection.handshake import open_connection, raise_if_refused,
 from oasst_worker.jobs.base import JobFactory, WrongKindOfWork
 from oasst_worker.jobs.pool import JobPool
 from oasst_worker.settings import WorkerSettings
+
+# The frames that give the worker a job: one it cannot read is answered with an error for its message.
+WORK_FRAME_TYPES = ("work", "embed")
 
 
 class WorkerClient:
@@ -130,7 +135,7 @@ class WorkerClient:
         try:
             frame = parse_server_frame(raw)
         except ProtocolError as exc:
-            logger.error("ignoring a malformed frame from the server: {}", exc)
+            self._unreadable(raw, str(exc))
             return
         if isinstance(frame, Ping):
             capacity = self._health.capacity
@@ -149,6 +154,21 @@ class WorkerClient:
             self._jobs.cancel(frame.message_id)
         elif isinstance(frame, UpgradeRequired):
             raise FatalWorkerError(frame.detail)
+
+    def _unreadable(self, raw: str | bytes, error: str) -> None:
+        """A frame this worker cannot read. Work that names its message is answered with a final error
+        for it, so the server fails that message at once instead of waiting for an answer that never
+        comes; anything else is logged (the server sends nothing else a worker may answer)."""
+        named = top_level_strings(raw, ("type", "message_id"))
+        message_id = named.get("message_id")
+        if named.get("type") not in WORK_FRAME_TYPES or message_id is None:
+            logger.error("ignoring a malformed frame from the server: {}", error)
+            return
+        if message_id in self._jobs:
+            return  # a duplicate of work that is running: the job answers for its message
+        logger.error("message {}: the work frame cannot be read: {}", message_id, error)
+        reason = f"the worker cannot read the work frame: {error}"[:MAX_ERROR_CHARS]
+        self._refuse(message_id, reason, retryable=False)
 
     def _start_job(self, work: Work | EmbedWork) -> None:
         if work.message_id in self._jobs:
@@ -180,9 +200,10 @@ class WorkerClient:
         asyncio.create_task(send())
 
     async def _send_from_job(self, frame: OutgoingFrame) -> None:
-        if isinstance(frame, WorkerError) and frame.backend_unavailable and self._health.healthy:
-            # The backend refused a job: take no more work until its health check passes again
-            # (the server stops sending too).
+        down = isinstance(frame, WorkerError) and (frame.backend_unavailable or frame.backend_died)
+        if down and self._health.healthy:
+            # The backend refused a job, or died: take no more work until its health check passes
+            # again (the server stops sending too).
             self._health.mark_unavailable()
         await self._send(frame)
 

@@ -7,6 +7,7 @@ routing mistake of the server, which the worker answers with a final error (:cla
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
@@ -21,6 +22,9 @@ from oasst_worker.backends.records import BackendError, BackendInfo
 # Writes one frame to the server (a token as a plain tuple, any other frame as its protocol model);
 # raises websockets' ConnectionClosed when the connection is gone.
 Send = Callable[[TokenFrame | BaseModel], Awaitable[None]]
+
+# Seconds a health check may take to say whether a backend whose connection broke is still alive.
+DEATH_CHECK_TIMEOUT = 5.0
 
 
 class Job(Protocol):
@@ -63,11 +67,28 @@ class WrongKindOfWork(Exception):
         super().__init__(f"worker serves the {config.kind} model {config.name}, not {wanted} work")
 
 
-def backend_failure(message_id: str, exc: BackendError) -> WorkerError:
-    """The frame that tells the server a job's backend failed, and whether it may be retried elsewhere."""
+def backend_failure(message_id: str, exc: BackendError, *, died: bool = False) -> WorkerError:
+    """The frame that tells the server a job's backend failed, and whether it may be retried elsewhere;
+    ``died``: the backend died while it ran the job (:func:`backend_died`), which counts against it."""
+    error = f"the backend died while it ran this request ({exc})" if died else str(exc)
     return WorkerError(
         message_id=message_id,
-        error=str(exc)[:MAX_ERROR_CHARS],
+        error=error[:MAX_ERROR_CHARS],
         retryable=exc.retryable,
-        backend_unavailable=exc.unavailable,
+        backend_unavailable=exc.unavailable and not died,
+        backend_died=died,
     )
+
+
+async def backend_died(backend: BackendBase, exc: BackendError) -> bool:
+    """Whether a job's backend died while it ran: the connection broke mid-request and the backend's
+    health check now fails. A backend that was killed refuses connections at once; one that merely cut a
+    stream (or a proxy that did) still answers. A health check that does not answer in time counts as
+    dead too: the backend lost the request and cannot say why."""
+    if not exc.connection_lost:
+        return False
+    try:
+        async with asyncio.timeout(DEATH_CHECK_TIMEOUT):
+            return not await backend.healthy()
+    except Exception:  # a timeout, or a backend whose health check itself fails
+        return True

@@ -38,7 +38,7 @@ from oasst_shared.tool_calls import (
 from oasst_worker import metrics
 from oasst_worker.backends.protocols import GenerationBackend
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult
-from oasst_worker.jobs.base import Send, WrongKindOfWork, backend_failure
+from oasst_worker.jobs.base import Send, WrongKindOfWork, backend_died, backend_failure
 from oasst_worker.prompt_tokens import PromptCount
 from oasst_worker.prompting import PromptBuilder
 
@@ -118,8 +118,19 @@ class GenerationJob:
                 tool_calls=self._tool_calls,
             )
         except BackendError as exc:
-            logger.warning("message {} failed at the backend: {}", message_id, exc)
-            await send(backend_failure(message_id, exc))
+            try:
+                died = await backend_died(self._backend, exc)
+            except asyncio.CancelledError:
+                if not self.cancel_requested:
+                    raise
+                died = False  # cancelled while the backend was asked: the failure is still answered
+            if died:
+                logger.error("message {}: the backend died while it ran it: {}", message_id, exc)
+            else:
+                logger.warning("message {} failed at the backend: {}", message_id, exc)
+            await send(backend_failure(message_id, exc, died=died))
+            if died:
+                return "backend_died"
             return "backend_unavailable" if exc.unavailable else "backend_error"
         except (UnsendableText, ValidationError) as exc:
             # The backend produced text no frame may carry (NUL, a lone surrogate): this message's

@@ -61,6 +61,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid or unsupported parameters"},
     401: {"model": ErrorResponse, "description": "Missing, invalid or revoked API key"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
+    413: {"model": ErrorResponse, "description": "The work would be over the worker frame limit"},
     429: {"model": ErrorResponse, "description": "Rate limit or concurrency limit (see Retry-After)"},
     500: {"model": ErrorResponse, "description": "The generation failed"},
     503: {"model": ErrorResponse, "description": "No worker serves the model right now"},
