@@ -52,11 +52,12 @@ def with_model_facts(config: ModelConfig, facts: ModelFacts) -> ModelConfig:
         total = max(32, facts.context_length)
         update["max_total_length"] = total
         if "max_input_length" not in explicit:
+            # The backend's input limit bounds the prompt; the answer keeps its quarter of the context.
+            split = default_input_length(total)
             given = facts.max_input_length
-            update["max_input_length"] = given if given and given < total else default_input_length(total)
+            update["max_input_length"] = min(given, split) if given else split
     elif "max_input_length" not in explicit and facts.max_input_length:
-        if facts.max_input_length < config.max_total_length:
-            update["max_input_length"] = facts.max_input_length
+        update["max_input_length"] = min(facts.max_input_length, config.max_input_length)
     if "chat_template_source" not in explicit and "chat_template" not in explicit and facts.chat_template:
         update["chat_template_source"] = "inline"
         update["chat_template"] = facts.chat_template

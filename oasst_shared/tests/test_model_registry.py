@@ -174,8 +174,11 @@ def test_the_model_files_fill_what_the_config_leaves_out() -> None:
     assert resolved.eos_token == "<mine>"  # set by the config: the config wins
     assert resolved.dtype == "bfloat16"
     # What was filled stays open to a later source (the running backend's report).
-    again = with_model_facts(resolved, ModelFacts(context_length=4096, max_input_length=4000))
-    assert (again.max_total_length, again.max_input_length) == (4096, 4000)
+    again = with_model_facts(resolved, ModelFacts(context_length=4096, max_input_length=4095))
+    assert (again.max_total_length, again.max_input_length) == (4096, 3072)
+    # A backend's input limit below the usual share bounds the prompt.
+    small = with_model_facts(resolved, ModelFacts(context_length=4096, max_input_length=1000))
+    assert small.max_input_length == 1000
 
 
 def test_the_config_wins_over_the_model_files() -> None:
