@@ -8,6 +8,7 @@ The GPU backends are stand-ins (tests/support/standin_launcher.py: the scripted 
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -161,3 +162,74 @@ def test_a_worker_starts_the_bundled_backend_with_a_quantization_it_makes(fault_
         assert len(list(cache.glob("*.q8_0.gguf"))) == 1
     finally:
         assert worker.stop() == 0
+
+
+async def test_switching_a_managed_backend_restarts_it_with_the_new_config_or_falls_back(tmp_path):
+    from oasst_shared.model_registry import load_registry
+    from oasst_worker.managed.launch import launch
+    from oasst_worker.managed.model_manager import BackendTarget, ModelManager, SwitchError
+    from oasst_worker.managed.supervisor import ManagedBackend
+    from oasst_worker.settings import WorkerSettings
+    from tests.support.processes import free_port
+
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "fleet.yaml").write_text(
+        "- {name: model-a, model_id: org/a, backend: tgi}\n"
+        "- {name: model-b, model_id: org/b, backend: tgi, quantization: eetq}\n"
+        "- {name: model-broken, model_id: org/c, backend: tgi, backend_args: [--fail-to-start]}\n"
+    )
+    registry = load_registry(models)
+    port = free_port()
+    settings = WorkerSettings(
+        managed_backend="tgi", managed_backend_command=[sys.executable, STANDIN], model_configs_dir=models
+    )
+    exits: list[str] = []
+
+    async def on_exit(reason: str) -> None:
+        exits.append(reason)
+
+    backend = ManagedBackend(
+        "tgi-gpu0",
+        launch(
+            registry["model-a"],
+            kind="tgi",
+            host="127.0.0.1",
+            port=port,
+            gpus=["0"],
+            command=settings.managed_backend_command,
+        ),
+        on_exit=on_exit,
+        min_delay=0.2,
+        max_delay=1.0,
+        stop_timeout=10,
+    )
+    supervising = asyncio.create_task(backend.run())
+    url = f"http://127.0.0.1:{port}"
+    manager = ModelManager(
+        settings,
+        registry,
+        registry["model-a"],
+        [BackendTarget(url, backend)],
+        ready_timeout=20,
+        poll_interval=0.1,
+    )
+    try:
+        assert await manager._healthy(url)
+        assert info(port)["model_id"] == "org/a"
+        await manager.switch("model-b")
+        switched = info(port)
+        assert switched["model_id"] == "org/b" and "--quantize eetq" in " ".join(switched["argv"])
+        assert switched["cuda_visible_devices"] == "0"
+
+        manager._ready_timeout = 3  # the broken config's launcher exits at once, again and again
+        with pytest.raises(SwitchError) as failed:
+            await manager.switch("model-broken")
+        assert failed.value.serving == "model-b" and manager.current.name == "model-b"
+        assert info(port)["model_id"] == "org/b"
+        # A switch is not a crash; the broken launcher's exits were.
+        assert exits and all("exit code 3" in reason for reason in exits)
+    finally:
+        await backend.stop()
+        supervising.cancel()
+        await asyncio.gather(supervising, return_exceptions=True)

@@ -31,6 +31,8 @@ def parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
 
 
 ARGS, OTHER = parse(sys.argv[1:])
+if "--fail-to-start" in OTHER:  # a model that cannot load: the launcher exits before it serves
+    sys.exit(3)
 
 
 async def info(_request: Request) -> Response:

@@ -20,6 +20,7 @@ from oasst_worker.jobs.embedding import EmbeddingJobFactory
 from oasst_worker.jobs.generation import GenerationJobFactory
 from oasst_worker.managed.fleet import ManagedFleet
 from oasst_worker.managed.launch import LaunchError, launch
+from oasst_worker.managed.model_manager import BackendTarget, ModelManager
 from oasst_worker.settings import WorkerSettings
 
 
@@ -53,15 +54,19 @@ async def _main(settings: WorkerSettings) -> int:
         logger.error("cannot start: {}", exc)
         return 2
     settings = settings.model_copy(update={"max_parallel_requests": settings.parallel_requests(config)})
-    servable = sorted(name for name, c in registry.items() if c.backend in settings.runs_backends)
-    logger.info("model configs this worker can serve: {}", ", ".join(servable) or "none")
     fleet: ManagedFleet | None = None
     if settings.managed_backend == "none":
         jobs = job_factory(settings, config)
         clients = [WorkerClient(settings, jobs)]
+        targets = [BackendTarget(settings.backend_url)]
     else:
         fleet = ManagedFleet(settings, config, job_factory)
         clients = fleet.clients
+        targets = fleet.targets()
+    # The fleet side (load and unload over the protocol) will switch models through it.
+    manager = ModelManager(settings, registry, config, targets)
+    servable = [c.name for c in manager.servable()]
+    logger.info("model configs this worker can serve: {}", ", ".join(servable) or "none")
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: [asyncio.ensure_future(c.drain()) for c in clients])

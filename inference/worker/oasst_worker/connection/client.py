@@ -56,6 +56,11 @@ class WorkerClient:
         return self._factory
 
     @property
+    def settings(self) -> WorkerSettings:
+        """The settings this connection runs with (its backend_url, where a worker has several)."""
+        return self._settings
+
+    @property
     def free_slots(self) -> int:
         if self._draining or not self._health.healthy:
             return 0

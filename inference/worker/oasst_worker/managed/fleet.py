@@ -17,6 +17,7 @@ from oasst_shared.model_configs import ModelConfig
 from oasst_worker.connection.client import WorkerClient
 from oasst_worker.jobs.base import JobFactory
 from oasst_worker.managed.launch import launch
+from oasst_worker.managed.model_manager import BackendTarget
 from oasst_worker.managed.supervisor import ManagedBackend, gpu_groups
 from oasst_worker.settings import WorkerSettings
 
@@ -73,6 +74,12 @@ class ManagedFleet:
                 task.cancel()
             await asyncio.gather(*supervising, return_exceptions=True)
             await asyncio.gather(*(c.factory.backend.close() for c in self.clients), return_exceptions=True)
+
+    def targets(self) -> list[BackendTarget]:
+        return [
+            BackendTarget(client.settings.backend_url, backend)
+            for client, backend in zip(self.clients, self.backends, strict=True)
+        ]
 
     async def drain(self) -> None:
         await asyncio.gather(*(client.drain() for client in self.clients))

@@ -136,6 +136,8 @@ def tgi_args(config: ModelConfig, host: str, port: int) -> list[str]:
     args = ["--model-id", config.model_path or config.model_id, "--hostname", host, "--port", str(port)]
     args += ["--num-shard", str(max(1, config.gpus_per_replica))]
     quantize = _mapped(TGI_QUANTIZE, config.quantization, "quantization", "TGI")
+    if quantize == "exl2" and config.gpus_per_replica > 1:
+        raise LaunchError("gpus_per_replica", "TGI's exl2 kernels do not support sharding (num_shard > 1)")
     if quantize:
         args += ["--quantize", quantize]
     dtype = _mapped(TGI_DTYPE, config.dtype, "dtype", "TGI")

@@ -77,6 +77,7 @@ class ManagedBackend:
         self._stop_timeout = stop_timeout
         self._process: asyncio.subprocess.Process | None = None
         self._stopping = False
+        self._replacing = False  # the process is being stopped to start another launch: not a crash
         self._started = asyncio.Event()
         self.starts = 0  # how many times it was started (restarts + 1)
 
@@ -101,6 +102,10 @@ class ManagedBackend:
                 code = await process.wait()
                 if self._stopping:
                     break
+                if self._replacing:
+                    self._replacing = False
+                    delay = self._min_delay
+                    continue
                 reason = f"the backend process exited ({_describe(code)})"
                 logger.error(
                     "backend {} (pid {}) {}",
@@ -116,9 +121,20 @@ class ManagedBackend:
             await asyncio.sleep(wait)
             delay = min(delay * 2, self._max_delay)
 
+    async def replace(self, launch: Launch) -> None:
+        """Stop the running backend and start ``launch`` in its place (a model switch)."""
+        self.launch = launch
+        self._started.clear()
+        self._replacing = self.pid is not None  # a dead one is started with the new launch anyway
+        await self._terminate()
+        await self._started.wait()
+
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL after ``stop_timeout``; the backend is not restarted."""
         self._stopping = True
+        await self._terminate()
+
+    async def _terminate(self) -> None:
         process = self._process
         if process is None or process.returncode is not None:
             return
