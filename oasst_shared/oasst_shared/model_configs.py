@@ -21,23 +21,25 @@ ChatTemplateSource = Literal["backend", "inline", "chatml"]
 # vLLM (pre-quantized weights, or quantized by the backend at load), then two generic labels.
 Quantization = Literal[
     "none",
+    # GGUF types, most precise first (the CPU backend picks its source file in this order)
     "f32",
     "f16",
     "bf16",
     "q8_0",
     "q6_k",
     "q5_k_m",
-    "q5_k_s",
     "q5_1",
+    "q5_k_s",
     "q5_0",
     "q4_k_m",
-    "q4_k_s",
     "q4_1",
+    "q4_k_s",
     "q4_0",
     "q3_k_l",
     "q3_k_m",
     "q3_k_s",
     "q2_k",
+    # what TGI or vLLM apply
     "awq",
     "gptq",
     "marlin",
@@ -58,27 +60,12 @@ ModelKind = Literal["generation", "embedding"]
 BackendName = Literal["cpu", "tgi", "vllm", "openai", "embedding"]
 
 GGUF_TYPES: tuple[str, ...] = get_args(Quantization)[1:18]
+GPU_METHODS: tuple[str, ...] = get_args(Quantization)[18:]
 # What each backend applies; ``openai`` and ``embedding`` servers are the operator's: there the value is a
 # label for users and operators, and any is accepted.
 QUANTIZATION_BY_BACKEND: dict[str, frozenset[str]] = {
     "cpu": frozenset({"none", *GGUF_TYPES}),
-    "tgi": frozenset(
-        {
-            "none",
-            "awq",
-            "gptq",
-            "marlin",
-            "exl2",
-            "eetq",
-            "fp8",
-            "compressed-tensors",
-            "bitsandbytes",
-            "bitsandbytes-nf4",
-            "bitsandbytes-fp4",
-            "int8",
-            "int4",
-        }
-    ),
+    "tgi": frozenset({"none", *GPU_METHODS}),
     "vllm": frozenset(
         {
             "none",
@@ -154,7 +141,7 @@ class ModelConfig(BaseModel):
         "tgi",
         description="Which program serves the model: `cpu` (the bundled llama.cpp backend), `tgi`, `vllm`, "
         "`openai` (any OpenAI-compatible server you run) or `embedding` (the worker's own encoder). "
-        "Default: `embedding` for embedding models, else `tgi`.",
+        "Default: `embedding` for embedding models, `cpu` for a GGUF quantization, else `tgi`.",
     )
     backend_args: list[str] = Field(
         default_factory=list,
@@ -217,7 +204,11 @@ class ModelConfig(BaseModel):
             return data
         data = dict(data)
         if "backend" not in data:
-            data["backend"] = "embedding" if data.get("kind") == "embedding" else "tgi"
+            # Also what a worker older than the field announces: its config is read as it meant it.
+            if data.get("kind") == "embedding":
+                data["backend"] = "embedding"
+            else:
+                data["backend"] = "cpu" if data.get("quantization") in GGUF_TYPES else "tgi"
         if "gpus_per_replica" not in data and data["backend"] in ("tgi", "vllm"):
             data["gpus_per_replica"] = 1
         if "max_total_length" in data and "max_input_length" not in data:

@@ -84,7 +84,11 @@ def test_errors_name_the_file_the_entry_and_the_field(tmp_path: Path) -> None:
         "- name: ok\n  model_id: m\n- name: typo\n  model_id: m\n  quantisation: awq\n- just a string\n",
     )
     write(tmp_path, "c-broken.yaml", "name: [unclosed\n")
-    write(tmp_path, "d-wrong-backend.yaml", "name: gguf-on-tgi\nmodel_id: m\nquantization: q4_k_m\n")
+    write(
+        tmp_path,
+        "d-wrong-backend.yaml",
+        "name: gguf-on-tgi\nmodel_id: m\nbackend: tgi\nquantization: q4_k_m\n",
+    )
     write(tmp_path, "e-dupe.json", json.dumps({"name": "ok", "model_id": "other"}))
     with pytest.raises(ModelRegistryError) as caught:
         load_registry(tmp_path)
@@ -142,6 +146,13 @@ def test_a_missing_directory_is_an_error(tmp_path: Path) -> None:
 def test_each_backend_takes_only_what_it_applies(fields: dict[str, object], message: str) -> None:
     with pytest.raises(ValidationError, match=message):
         ModelConfig.model_validate({"name": "m", "model_id": "m", **fields})
+
+
+def test_a_config_from_a_worker_older_than_the_backend_field_is_accepted() -> None:
+    # The built-in SmolLM2 as a worker of the previous release announced it: a Q4_1 label, no backend.
+    old = {"name": "SmolLM2-135M-Instruct", "model_id": "m", "quantization": "q4_1", "max_input_length": 1536}
+    assert ModelConfig.model_validate(old).backend == "cpu"
+    assert ModelConfig.model_validate({"name": "m", "model_id": "m", "quantization": "int8"}).backend == "tgi"
 
 
 def test_labels_pass_for_servers_the_operator_runs() -> None:

@@ -15,27 +15,8 @@ from typing import BinaryIO
 from oasst_shared.model_configs import GGUF_TYPES
 
 # Best first: the order in which files are preferred as the source of a quantization (more bits per
-# weight, and k-quants over the legacy types of about the same size).
-PRECISION_ORDER: tuple[str, ...] = (
-    "f32",
-    "f16",
-    "bf16",
-    "q8_0",
-    "q6_k",
-    "q5_k_m",
-    "q5_1",
-    "q5_k_s",
-    "q5_0",
-    "q4_k_m",
-    "q4_1",
-    "q4_k_s",
-    "q4_0",
-    "q3_k_l",
-    "q3_k_m",
-    "q3_k_s",
-    "q2_k",
-)
-assert set(PRECISION_ORDER) == set(GGUF_TYPES)
+# weight, and k-quants over the legacy types of about the same size): the config's own order of them.
+PRECISION_ORDER: tuple[str, ...] = GGUF_TYPES
 FLOAT_TYPES = frozenset({"f32", "f16", "bf16"})
 # llama.cpp's file types (enum llama_ftype, the header's general.file_type) by our names.
 LLAMA_FILE_TYPES: dict[str, int] = {

@@ -16,7 +16,7 @@ from loguru import logger
 from oasst_shared.model_configs import ModelConfig
 from oasst_worker.connection.client import WorkerClient
 from oasst_worker.jobs.base import JobFactory
-from oasst_worker.managed.launch import launch
+from oasst_worker.managed.launch import launch_for
 from oasst_worker.managed.model_manager import BackendTarget
 from oasst_worker.managed.supervisor import ManagedBackend, gpu_groups
 from oasst_worker.settings import WorkerSettings
@@ -39,15 +39,7 @@ class ManagedFleet:
             client = WorkerClient(client_settings, job_factory(client_settings, config), name=name)
             backend = ManagedBackend(
                 name,
-                launch(
-                    config,
-                    kind=settings.managed_backend,
-                    host=settings.managed_backend_host,
-                    port=port,
-                    gpus=gpus,
-                    command=settings.managed_backend_command,
-                    model_configs_dir=str(settings.model_configs_dir) if settings.model_configs_dir else None,
-                ),
+                launch_for(settings, config, port=port, gpus=gpus),
                 on_exit=client.backend_lost,
                 min_delay=settings.managed_restart_min_delay,
                 max_delay=settings.managed_restart_max_delay,

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 
 from oasst_shared.model_configs import ModelConfig
+from oasst_worker.settings import WorkerSettings
 
 # Config quantization -> TGI `--quantize` (None: no flag). TGI's "bitsandbytes" is 8-bit.
 TGI_QUANTIZE: dict[str, str | None] = {
@@ -117,6 +118,19 @@ def launch(
     if kind == "vllm":
         return Launch([*(command or ["vllm", "serve"]), *vllm_args(config, host, port)], env)
     raise LaunchError("backend", f"the worker does not start {kind!r} backends")
+
+
+def launch_for(settings: WorkerSettings, config: ModelConfig, *, port: int, gpus: list[str]) -> Launch:
+    """:func:`launch` with what the worker's settings say (backend kind, address, command, registry)."""
+    return launch(
+        config,
+        kind=settings.managed_backend,
+        host=settings.managed_backend_host,
+        port=port,
+        gpus=gpus,
+        command=settings.managed_backend_command,
+        model_configs_dir=str(settings.model_configs_dir) if settings.model_configs_dir else None,
+    )
 
 
 def cpu_env(config: ModelConfig, host: str, port: int, model_configs_dir: str | None) -> dict[str, str]:

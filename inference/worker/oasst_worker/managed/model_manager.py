@@ -23,7 +23,7 @@ from loguru import logger
 
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.model_registry import ModelRegistry
-from oasst_worker.managed.launch import launch
+from oasst_worker.managed.launch import launch_for
 from oasst_worker.managed.supervisor import ManagedBackend
 from oasst_worker.settings import WorkerSettings
 
@@ -137,20 +137,10 @@ class ModelManager:
         managed = backend.managed
         assert managed is not None
         previous = managed.launch
-        settings = self._settings
         port = int(backend.url.rsplit(":", 1)[1])
         gpus = [g for g in previous.env.get("CUDA_VISIBLE_DEVICES", "").split(",") if g]
         report(SwitchProgress(config.name, "starting"))
-        await managed.replace(
-            launch(
-                config,
-                kind=settings.managed_backend,
-                host=settings.managed_backend_host,
-                port=port,
-                gpus=gpus,
-                command=settings.managed_backend_command,
-            )
-        )
+        await managed.replace(launch_for(self._settings, config, port=port, gpus=gpus))
         if await self._healthy(backend.url):
             return
         logger.error(
