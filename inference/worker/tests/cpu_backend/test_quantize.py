@@ -114,6 +114,11 @@ def test_the_plan_takes_the_context_from_the_config_or_the_model(tmp_path: Path)
     # The built-in sets 2048; a config that does not is bounded by the setting and the trained 8192.
     assert plan_load(settings, SMOLLM2_135M).n_ctx == 2048
     assert plan_load(settings, SMOLLM2_135M_Q8).target == "q8_0"
+    # A float type asked as dtype (no quantization) is a file of that type too.
+    as_f16 = ModelConfig(name="m", model_id="m", backend="cpu", dtype="float16")
+    assert plan_load(settings, as_f16).target == "f16"
+    shipped = plan_load(settings, SMOLLM2_135M)
+    assert shipped.target == shipped.source.file_type == "q4_1"  # as shipped: nothing to make
     open_config = ModelConfig(name="m", model_id="m", backend="cpu")
     assert plan_load(settings, open_config).n_ctx == 4096
     assert plan_load(Settings(cache_dir=tmp_path, n_ctx=16384), open_config).n_ctx == 8192
