@@ -43,10 +43,13 @@ from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.settings import Settings, get_settings
 from oasst_inference_server.streams.fanout import StreamFanout
 from oasst_inference_server.submission import SubmissionService
+from oasst_shared.model_registry import load_registry
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
+    # The operator's model configs, checked before anything starts (ModelRegistryError names each bad field).
+    model_registry = load_registry(settings.model_configs_dir)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -70,7 +73,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         # One broker read per message stream in this process, shared by all its SSE readers.
         app.state.stream_fanout = fanout = StreamFanout(broker)
         app.state.user_cache = UserCache(settings.user_cache_seconds, settings.user_cache_size)
-        app.state.registry = WorkerRegistry(broker)
+        app.state.model_registry = model_registry
+        app.state.registry = WorkerRegistry(broker, known=model_registry)
         # The pongs' lease extensions on a connection of their own: requests and readers that take every
         # connection of the pool must not make leases expire. (SQLite: one engine, one database file.)
         lease_engine = engine if engine.dialect.name == "sqlite" else create_engine(settings, connections=1)

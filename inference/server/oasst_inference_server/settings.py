@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -88,6 +89,11 @@ class Settings(BaseSettings):
         "default: on in development, off in production",
     )
 
+    model_configs_dir: Path | None = Field(
+        default=None,
+        description="A folder of model configs (YAML or JSON files; docs/models.md) merged over the built-in "
+        "ones; the same folder the workers and CPU backends read. Checked at start.",
+    )
     worker_api_keys: list[str] = Field(
         default_factory=list,
         description="Worker keys from settings (JSON list, 16+ characters each); development adds "

@@ -12,6 +12,7 @@ from loguru import logger
 
 from oasst_cpu_backend.app import begin_shutdown, create_app
 from oasst_cpu_backend.settings import ModelNotFoundError, Settings
+from oasst_shared.model_registry import ModelRegistryError
 
 
 class _InterceptHandler(logging.Handler):
@@ -49,17 +50,23 @@ class _Server(uvicorn.Server):
 def main() -> None:
     settings = Settings()
     configure_logging(settings.log_level)
+    if settings.model_config_name is None:
+        try:
+            model_path = settings.resolved_model_path()
+        except ModelNotFoundError as error:
+            logger.error("cannot start: {}", error)
+            raise SystemExit(2) from error
+        # Resolved once here so that the lifespan does not look for the package again.
+        settings = settings.model_copy(update={"model_path": model_path})
+        serving = model_path.name
+    else:
+        serving = f"model config {settings.model_config_name}"
+    logger.info("starting the CPU backend on http://{}:{} with {}", settings.host, settings.port, serving)
     try:
-        model_path = settings.resolved_model_path()
-    except ModelNotFoundError as error:
+        app = create_app(settings)
+    except ModelRegistryError as error:
         logger.error("cannot start: {}", error)
         raise SystemExit(2) from error
-    # Resolved once here so that the lifespan does not look for the package again.
-    settings = settings.model_copy(update={"model_path": model_path})
-    logger.info(
-        "starting the CPU backend on http://{}:{} with {}", settings.host, settings.port, model_path.name
-    )
-    app = create_app(settings)
     config = uvicorn.Config(
         app,
         host=settings.host,

@@ -13,6 +13,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from oasst_cpu_backend.engine import ModelEngine
 from oasst_cpu_backend.generation import generate_once, stream_response
+from oasst_cpu_backend.model_host import ModelHost
 from oasst_cpu_backend.schemas import GenerateRequest, GenerateResponse, Info, SimpleToken, TokenizeRequest
 from oasst_cpu_backend.state import serving_state, serving_state_if_ready
 from oasst_cpu_backend.validation import InvalidRequest
@@ -20,8 +21,9 @@ from oasst_cpu_backend.validation import InvalidRequest
 ModelT = TypeVar("ModelT", bound=pydantic.BaseModel)
 
 
-async def parse_body(request: Request, model: type[ModelT]) -> ModelT:
-    limit = serving_state(request).settings.max_body_bytes
+async def parse_body(request: Request, model: type[ModelT], limit: int | None = None) -> ModelT:
+    if limit is None:
+        limit = serving_state(request).settings.max_body_bytes
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > limit:
         raise InvalidRequest(f"Input validation error: the request body exceeds {limit} bytes")
@@ -73,12 +75,16 @@ def install_routes(app: FastAPI) -> None:
     async def info(request: Request) -> Info:
         return serving_state(request).info
 
-    @app.get("/health", summary="200 once the model is loaded")
+    @app.get("/health", summary="200 while a model is served; 503 with what is happening otherwise")
     async def health(request: Request) -> Response:
         serving = serving_state_if_ready(request)
+        host: ModelHost | None = getattr(request.app.state, "model_host", None)
+        body = host.status.as_json() if host is not None else {"status": "loading"}
         if serving is None:
-            return JSONResponse({"status": "loading"}, status_code=503)
-        return JSONResponse({"status": "ok", "model_id": serving.settings.model_id})
+            return JSONResponse(body, status_code=503)
+        return JSONResponse(
+            {**body, "model_id": serving.info.model_id, "quantization": serving.info.quantization}
+        )
 
     @app.post("/tokenize", summary="Tokens of the input with their character offsets")
     async def tokenize(request: Request) -> list[SimpleToken]:

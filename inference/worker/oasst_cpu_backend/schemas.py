@@ -145,6 +145,9 @@ class Info(BaseModel):
     # Extensions of this backend: what the worker needs to render prompts for the model it serves.
     backend: str = "oasst-cpu-backend (llama.cpp)"
     llama_cpp_version: str
+    # The model config served (None: the settings' model file as it is) and its file's GGUF type.
+    model_config_name: str | None = None
+    quantization: str | None = None
     chat_template: str | None
     bos_token: str | None
     eos_token: str | None

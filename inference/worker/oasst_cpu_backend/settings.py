@@ -48,7 +48,32 @@ class Settings(BaseSettings):
         "merely building settings (e.g. for --help or in tests of other components) never fails.",
     )
     model_id: str = Field(default=DEFAULT_MODEL_ID, description="The model id reported by `/info`.")
-    n_ctx: int = Field(default=2048, ge=16, description="Context window in tokens (prompt plus answer).")
+    model_configs_dir: Path | None = Field(
+        default=None,
+        description="A folder of model configs (docs/models.md) merged over the built-in ones: the configs "
+        "`model_config_name` and `POST /admin/load` name.",
+    )
+    model_config_name: str | None = Field(
+        default=None,
+        description="The model config to serve at start (a `cpu` config of the registry): its weights, "
+        "quantization and context length replace `model_path`, `model_id` and `n_ctx`. None: serve "
+        "`model_path` as it is.",
+    )
+    cache_dir: Path = Field(
+        default_factory=lambda: Path.home() / ".cache" / "oasst-inference" / "models",
+        description="Where quantized model files are kept, one per source file and type.",
+    )
+    admin_token: str | None = Field(
+        default=None,
+        description="When set, `POST /admin/load` and `/admin/unload` need `Authorization: Bearer` with it. "
+        "Set it whenever the backend listens beyond the loopback address.",
+    )
+    n_ctx: int = Field(
+        default=2048,
+        ge=16,
+        description="Context window in tokens (prompt plus answer). A model config that sets "
+        "`max_total_length` replaces it; otherwise the model's trained context bounds it.",
+    )
     n_threads: int = Field(
         default_factory=lambda: max(1, (os.cpu_count() or 1) - 1),
         ge=1,

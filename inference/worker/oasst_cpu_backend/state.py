@@ -1,5 +1,5 @@
-"""What the app serves with, built once by the lifespan: settings, engine, scheduler, metrics, limits and
-the ``/info`` answer."""
+"""What the app serves with, built for each model it loads: settings, engine, scheduler, metrics, limits and
+the ``/info`` answer. Between an unload and the next load there is none: requests get 503."""
 
 from __future__ import annotations
 
@@ -12,11 +12,16 @@ import llama_cpp
 from fastapi import Request
 
 from oasst_cpu_backend.engine import ModelEngine
+from oasst_cpu_backend.loading import LoadedModel
 from oasst_cpu_backend.metrics import BackendMetrics
-from oasst_cpu_backend.scheduler import Scheduler
+from oasst_cpu_backend.scheduler import Scheduler, ShuttingDownError
 from oasst_cpu_backend.schemas import Info
 from oasst_cpu_backend.settings import Settings
 from oasst_cpu_backend.validation import Limits
+
+
+class ModelNotLoaded(ShuttingDownError):
+    """No model is loaded right now (one is loading, or was unloaded): 503, retry elsewhere or later."""
 
 
 def package_version() -> str:
@@ -34,14 +39,35 @@ class ServingState:
     metrics: BackendMetrics
     limits: Limits
     info: Info
+    model: LoadedModel
 
 
-def build_info(settings: Settings, engine: ModelEngine, limits: Limits) -> Info:
+def build_serving(settings: Settings, model: LoadedModel) -> ServingState:
+    """The serving state of a freshly loaded model (blocking: hashes the model file)."""
+    engine = model.engine
+    limits = Limits(
+        n_ctx=engine.n_ctx,
+        max_input_length=min(settings.effective_max_input_length, engine.n_ctx - 1),
+        max_stop_sequences=settings.max_stop_sequences,
+        max_top_n_tokens=settings.max_top_n_tokens,
+    )
+    metrics = BackendMetrics()
+    metrics.kv_cache_free_tokens.set(engine.n_ctx)
+    scheduler = Scheduler(engine, metrics, settings.max_concurrent_requests)
+    return ServingState(
+        settings, engine, scheduler, metrics, limits, build_info(settings, model, limits), model
+    )
+
+
+def build_info(settings: Settings, model: LoadedModel, limits: Limits) -> Info:
+    engine = model.engine
     metadata = engine.metadata
     return Info(
-        model_id=settings.model_id,
+        model_id=model.plan.model_id,
         model_sha=file_sha256(engine.model_path),
         model_dtype=f"gguf:{engine.model_path.name}",
+        model_config_name=model.plan.config.name if model.plan.config is not None else None,
+        quantization=model.file_type,
         max_concurrent_requests=settings.max_concurrent_requests,
         max_stop_sequences=limits.max_stop_sequences,
         max_input_length=limits.max_input_length,
@@ -67,19 +93,10 @@ def file_sha256(path: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-def load_engine(settings: Settings) -> ModelEngine:
-    return ModelEngine(
-        settings.resolved_model_path(),
-        n_ctx=settings.n_ctx,
-        n_threads=settings.n_threads,
-        n_batch=settings.n_batch,
-        prefill_chunk_tokens=settings.prefill_chunk_tokens,
-        prefix_cache=settings.prefix_cache,
-    )
-
-
 def serving_state(request: Request) -> ServingState:
-    state: ServingState = request.app.state.serving
+    state: ServingState | None = getattr(request.app.state, "serving", None)
+    if state is None:
+        raise ModelNotLoaded("Model is not available: no model is loaded right now (see /health)")
     return state
 
 

@@ -10,12 +10,17 @@ from loguru import logger
 from prometheus_client import start_http_server
 
 from oasst_shared.model_configs import ModelConfig
+from oasst_shared.model_files import hf_folder_of, read_hf_folder, with_model_facts
+from oasst_shared.model_registry import ModelRegistry
 from oasst_worker.backends.factory import create_embedding_backend, create_generation_backend
 from oasst_worker.connection.client import WorkerClient
 from oasst_worker.connection.errors import FatalWorkerError
 from oasst_worker.jobs.base import JobFactory
 from oasst_worker.jobs.embedding import EmbeddingJobFactory
 from oasst_worker.jobs.generation import GenerationJobFactory
+from oasst_worker.managed.fleet import ManagedFleet
+from oasst_worker.managed.launch import LaunchError, launch
+from oasst_worker.managed.model_manager import BackendTarget, ModelManager
 from oasst_worker.settings import WorkerSettings
 
 
@@ -26,19 +31,56 @@ def job_factory(settings: WorkerSettings, model_config: ModelConfig) -> JobFacto
     return GenerationJobFactory(create_generation_backend(settings, model_config), model_config)
 
 
+def model_config(settings: WorkerSettings, registry: ModelRegistry) -> ModelConfig:
+    """The config this worker serves, completed from its model folder where it has one (TGI, vLLM)."""
+    config = settings.resolve_model_config(registry)
+    folder = hf_folder_of(config)
+    if folder is not None:
+        config = with_model_facts(config, read_hf_folder(folder))
+    if settings.managed_backend != "none":
+        try:  # refused now, naming the file and field, rather than by the backend's launcher later
+            launch(config, kind=settings.managed_backend, host="127.0.0.1", port=1, gpus=[])
+        except LaunchError as exc:
+            source = registry.source(config.name) if config.name in registry else "model config"
+            raise ValueError(f"{source}: {exc.field}: {exc}") from None
+    return config
+
+
 async def _main(settings: WorkerSettings) -> int:
-    jobs = job_factory(settings, settings.resolve_model_config())
-    client = WorkerClient(settings, jobs)
+    try:
+        registry = settings.registry()
+        config = model_config(settings, registry)
+    except (ValueError, KeyError) as exc:  # ModelRegistryError is a ValueError
+        logger.error("cannot start: {}", exc)
+        return 2
+    settings = settings.model_copy(update={"max_parallel_requests": settings.parallel_requests(config)})
+    fleet: ManagedFleet | None = None
+    if settings.managed_backend == "none":
+        jobs = job_factory(settings, config)
+        clients = [WorkerClient(settings, jobs)]
+        targets = [BackendTarget(settings.backend_url)]
+    else:
+        fleet = ManagedFleet(settings, config, job_factory)
+        clients = fleet.clients
+        targets = fleet.targets()
+    # The fleet side (load and unload over the protocol) will switch models through it.
+    manager = ModelManager(settings, registry, config, targets)
+    servable = [c.name for c in manager.servable()]
+    logger.info("model configs this worker can serve: {}", ", ".join(servable) or "none")
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: asyncio.ensure_future(client.drain()))
+        loop.add_signal_handler(sig, lambda: [asyncio.ensure_future(c.drain()) for c in clients])
     try:
-        await client.run()
+        if fleet is not None:
+            await fleet.run()
+        else:
+            await clients[0].run()
     except FatalWorkerError as exc:
         logger.error("{}", exc)
         return 2
     finally:
-        await jobs.backend.close()
+        if fleet is None:
+            await clients[0].factory.backend.close()
     logger.info("worker stopped")
     return 0
 

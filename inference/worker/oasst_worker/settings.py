@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from oasst_shared.model_configs import MINILM_EMBEDDING, ModelConfig, get_model_config
+from oasst_shared.model_configs import MINILM_EMBEDDING, ModelConfig
+from oasst_shared.model_registry import ModelRegistry, load_registry
+
+# The adapter that speaks to each kind of backend a worker can start itself.
+ADAPTER_OF_MANAGED = {"cpu": "tgi", "tgi": "tgi", "vllm": "openai"}
+# The config backends an adapter reaches when the operator runs the backend.
+BACKENDS_OF_ADAPTER = {"tgi": ("tgi", "cpu"), "openai": ("vllm", "openai"), "embedding": ("embedding",)}
 
 
 class WorkerSettings(BaseSettings):
@@ -67,13 +74,64 @@ class WorkerSettings(BaseSettings):
     )
     model_config_name: str = Field(
         default="SmolLM2-135M-Instruct",
-        description="A model config known to `oasst_shared` (ignored when `OASST_WORKER_MODEL_CONFIG_JSON` "
-        "is set).",
+        description="The model config to serve: a built-in one or one of `model_configs_dir` (ignored when "
+        "`OASST_WORKER_MODEL_CONFIG_JSON` is set).",
+    )
+    model_configs_dir: Path | None = Field(
+        default=None,
+        description="A folder of model configs (YAML or JSON files; docs/models.md) merged over the built-in "
+        "ones; the same folder the server and the CPU backends read. Checked at start.",
     )
     model_config_json: str | None = Field(
-        default=None, description="A full ModelConfig as JSON, for models not built into oasst_shared."
+        default=None, description="A full ModelConfig as JSON, for a model in no registry."
     )
-    max_parallel_requests: int = Field(default=2, ge=1, le=256, description="Jobs this worker runs at once.")
+    max_parallel_requests: int = Field(
+        default=2,
+        ge=1,
+        le=256,
+        description="Jobs this worker runs at once (per backend), unless its model config sets "
+        "`parallel_requests`.",
+    )
+    managed_backend: Literal["none", "cpu", "tgi", "vllm"] = Field(
+        default="none",
+        description="`none`: the operator runs the backend at `backend_url`. `cpu`, `tgi`, `vllm`: the worker "
+        "starts the bundled CPU backend, `text-generation-launcher` or `vllm serve` itself with the model "
+        "config's arguments, one per GPU group, restarts it when it dies and re-queues its work "
+        "(docs/models.md).",
+    )
+    gpu_ids: list[str] = Field(
+        default_factory=list,
+        max_length=256,
+        description="managed only: the GPUs this worker may use (as CUDA_VISIBLE_DEVICES names them, e.g. "
+        '`["0","1"]`); one backend per group of the config\'s `gpus_per_replica`. Empty: one backend, '
+        "with the environment's GPUs.",
+    )
+    managed_backend_command: list[str] | None = Field(
+        default=None,
+        max_length=64,
+        description="managed only: the program to start instead of the default (`python -m "
+        "oasst_cpu_backend`, `text-generation-launcher`, `vllm serve`), e.g. a path inside a virtual "
+        "environment; the config's arguments follow it.",
+    )
+    managed_backend_host: str = Field(
+        default="127.0.0.1", description="managed only: the address the started backends listen on."
+    )
+    managed_backend_port: int = Field(
+        default=0,
+        ge=0,
+        le=65535,
+        description="managed only: the first backend's port, the next ones counting up; 0: free ports chosen "
+        "at start.",
+    )
+    managed_restart_min_delay: float = Field(
+        default=1.0, gt=0, description="managed only: first delay before restarting a backend that died."
+    )
+    managed_restart_max_delay: float = Field(
+        default=60.0, gt=0, description="managed only: the restart delay doubles up to this."
+    )
+    managed_stop_timeout: float = Field(
+        default=30.0, gt=0, description="managed only: seconds a backend may take to stop on SIGTERM."
+    )
     backend_token_timeout: float = Field(default=30.0, gt=0, description="Seconds without a token: a stall")
     backend_generation_timeout: float = Field(default=900.0, gt=0, description="Bound on one generation")
     backend_health_interval: float = Field(
@@ -98,15 +156,49 @@ class WorkerSettings(BaseSettings):
             self.model_config_name = MINILM_EMBEDDING.name
         return self
 
-    def resolve_model_config(self) -> ModelConfig:
+    @model_validator(mode="after")
+    def _adapter_of_the_managed_backend(self) -> WorkerSettings:
+        if self.managed_backend == "none":
+            return self
+        adapter = ADAPTER_OF_MANAGED[self.managed_backend]
+        if "backend_kind" in self.model_fields_set and self.backend_kind != adapter:
+            raise ValueError(
+                f"managed_backend {self.managed_backend!r} is spoken to with backend_kind {adapter!r}, "
+                f"not {self.backend_kind!r}"
+            )
+        self.backend_kind = adapter  # type: ignore[assignment]
+        return self
+
+    @property
+    def runs_backends(self) -> tuple[str, ...]:
+        """The config backends this worker can serve: the one it starts, or those its adapter reaches."""
+        if self.managed_backend != "none":
+            return (self.managed_backend,)
+        return BACKENDS_OF_ADAPTER[self.backend_kind]
+
+    def registry(self) -> ModelRegistry:
+        """The model registry (raises ModelRegistryError naming each bad file and field)."""
+        return load_registry(self.model_configs_dir)
+
+    def resolve_model_config(self, registry: ModelRegistry | None = None) -> ModelConfig:
+        registry = registry if registry is not None else self.registry()
         if self.model_config_json:
             config = ModelConfig.model_validate_json(self.model_config_json)
         else:
-            config = get_model_config(self.model_config_name)
+            config = registry.require(self.model_config_name)
         wanted = "embedding" if self.backend_kind == "embedding" else "generation"
         if config.kind != wanted:
             raise ValueError(
                 f"model config {config.name!r} is a {config.kind} model; "
                 f"backend kind {self.backend_kind!r} serves {wanted} models"
             )
+        if self.managed_backend != "none" and config.backend != self.managed_backend:
+            raise ValueError(
+                f"model config {config.name!r} is for backend {config.backend!r}; this worker starts "
+                f"{self.managed_backend!r} backends"
+            )
         return config
+
+    def parallel_requests(self, config: ModelConfig) -> int:
+        """Jobs at once for ``config``: its own ``parallel_requests``, else this worker's setting."""
+        return config.parallel_requests or self.max_parallel_requests

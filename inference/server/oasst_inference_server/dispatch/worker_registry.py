@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from oasst_inference_server.broker import Broker, WorkerSession
@@ -25,8 +25,14 @@ class WorkerRegistry:
     read at most once per ``max_age`` seconds however many requests ask, and at once after a worker of
     this process connected or left."""
 
-    def __init__(self, broker: Broker, max_age: float = DEFAULT_MAX_AGE):
+    def __init__(
+        self,
+        broker: Broker,
+        max_age: float = DEFAULT_MAX_AGE,
+        known: Mapping[str, ModelConfig] = MODEL_CONFIGS,
+    ):
         self.broker = broker
+        self._known = known  # the model registry: models that exist whether or not a worker serves them
         self.sessions = WorkerSessionView(broker, max_age)
         self._models: tuple[SessionSnapshot, dict[str, LiveModel]] | None = None
 
@@ -45,9 +51,8 @@ class WorkerRegistry:
             self._models = (snapshot, _live_models(snapshot.sessions.values()))
         return dict(self._models[1])  # the caller's own dict; the LiveModel objects are shared
 
-    @staticmethod
-    def known_model_names(live: dict[str, LiveModel]) -> list[str]:
-        return sorted(set(live) | set(MODEL_CONFIGS))
+    def known_model_names(self, live: dict[str, LiveModel]) -> list[str]:
+        return sorted(set(live) | set(self._known))
 
 
 def _live_models(sessions: Iterable[WorkerSession]) -> dict[str, LiveModel]:

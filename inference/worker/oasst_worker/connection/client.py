@@ -42,9 +42,10 @@ WORK_FRAME_TYPES = ("work", "embed")
 
 
 class WorkerClient:
-    def __init__(self, settings: WorkerSettings, jobs: JobFactory):
+    def __init__(self, settings: WorkerSettings, jobs: JobFactory, *, name: str | None = None):
         self._settings = settings
         self._factory = jobs
+        self.name = name  # which backend this connection serves, where a worker has several
         self._health = BackendHealth(
             jobs.backend, interval=settings.backend_health_interval, backend_url=settings.backend_url
         )
@@ -55,10 +56,40 @@ class WorkerClient:
         self._sender: FrameSender | None = None
 
     @property
+    def factory(self) -> JobFactory:
+        return self._factory
+
+    @property
+    def settings(self) -> WorkerSettings:
+        """The settings this connection runs with (its backend_url, where a worker has several)."""
+        return self._settings
+
+    @property
     def free_slots(self) -> int:
         if self._draining or not self._health.healthy:
             return 0
         return max(0, self._settings.max_parallel_requests - len(self._jobs))
+
+    async def backend_lost(self, reason: str) -> None:
+        """The backend process died (a managed backend): take no work until it is healthy again, and hand
+        every job it held back to the server as a retryable failure, at once rather than when each job's
+        stream notices."""
+        self._health.mark_unavailable()
+        message_ids = await self._jobs.abort_all()
+        if message_ids:
+            logger.warning(
+                "{}: handing {} jobs back to the server: {}", self.name or "backend", len(message_ids), reason
+            )
+        for message_id in message_ids:
+            frame = WorkerError(
+                message_id=message_id,
+                error=f"worker backend failed: {reason}"[:MAX_ERROR_CHARS],
+                retryable=True,
+            )
+            with contextlib.suppress(
+                ConnectionClosed
+            ):  # the server re-queues a lost connection's work anyway
+                await self._send(frame)
 
     # ------------------------------------------------------------ lifecycle
     async def run(self) -> None:

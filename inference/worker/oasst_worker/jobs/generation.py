@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from oasst_shared.chat_template import ChatTemplateError
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ModelConfig
+from oasst_shared.model_files import ModelFacts, with_model_facts
 from oasst_shared.protocol import EmbedWork, FinishReason, GeneratedText, Work, WorkerError, text_problem
 from oasst_shared.sampling import JsonSchemaFormat, ResponseFormat, SamplingParameters
 from oasst_shared.stop_sequences import StopSequenceFilter
@@ -55,12 +56,18 @@ class GenerationJobFactory:
         self.backend_info: BackendInfo | None = None
 
     async def prepare(self) -> None:
-        await self._prompts.prepare()
         try:
             self.backend_info = await self.backend.info()
         except BackendError as exc:  # identity is for the operator and checks; the worker serves anyway
             logger.warning("the backend does not describe its model: {}", exc)
             self.backend_info = None
+        if self.backend_info is not None:
+            # What the config leaves out, the running backend says (its context length, template, tokens).
+            resolved = with_model_facts(self.model_config, _facts(self.backend_info))
+            if resolved is not self.model_config:
+                self.model_config = resolved
+                self._prompts = PromptBuilder(resolved, self.backend)
+        await self._prompts.prepare()
 
     def create(self, work: Work | EmbedWork) -> GenerationJob:
         if not isinstance(work, Work):
@@ -249,6 +256,16 @@ class GenerationJob:
                 logprobs = [entry.model_dump(mode="json") for entry in self._logprobs]
                 self._logprobs = []
             await send(TokenFrame(message_id=self.work.message_id, text=text, logprobs=logprobs))
+
+
+def _facts(info: BackendInfo) -> ModelFacts:
+    return ModelFacts(
+        context_length=info.max_total_tokens,
+        max_input_length=info.max_input_length,
+        chat_template=info.chat_template,
+        bos_token=info.bos_token,
+        eos_token=info.eos_token,
+    )
 
 
 def _constrained(params: SamplingParameters, schema: dict[str, object]) -> SamplingParameters:

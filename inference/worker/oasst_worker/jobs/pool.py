@@ -44,6 +44,13 @@ class JobPool:
         while self._running:
             await asyncio.gather(*(task for _, task in self._running.values()), return_exceptions=True)
 
+    async def abort_all(self) -> list[str]:
+        """The backend is gone: stop every job without a result and return their message ids (the caller
+        hands them back to the server)."""
+        ids = list(self._running)
+        await self.cancel_all()
+        return ids
+
     async def cancel_all(self) -> None:
         """The connection is gone: stop every job without a result (the server re-queues the messages)."""
         tasks = [task for _, task in self._running.values()]
