@@ -17,9 +17,10 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-# Counts up to this are written as llama.cpp's own x{m,n}: with an operand of up to 7 symbols (our
-# operands are a rule, a literal, a class, or a small group) 7 * 256 stays below llama.cpp's 2000.
-NATIVE_REPEAT = 256
+# Counts up to this are written as llama.cpp's own x{m,n} (n - m rules of the operand). Above it, blocks
+# are smaller: about 10 * sqrt(n) elements against 4 * n. And with an operand of a few symbols (ours are a
+# rule, a literal, a class or a small group) no count comes near llama.cpp's limit of 2000.
+NATIVE_REPEAT = 32
 # llama.cpp's MAX_REPETITION_THRESHOLD.
 LLAMA_REPETITION_THRESHOLD = 2000
 

@@ -30,6 +30,7 @@ exceeded; the backend's tests check the estimate against the converter's real ou
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -39,7 +40,14 @@ from typing import Any
 
 from oasst_shared.gbnf import GbnfError, measure, repetition
 from oasst_shared.json_pattern import PatternError, parse_pattern, pattern_gbnf
-from oasst_shared.tool_calls import ToolChoice, ToolDefinition, called_tools, tool_call_schema
+from oasst_shared.tool_calls import (
+    MAX_SCHEMA_CHARACTERS,
+    NamedToolChoice,
+    ToolChoice,
+    ToolDefinition,
+    called_tools,
+    tool_call_schema,
+)
 
 MAX_SCHEMA_DEPTH = 64  # nesting of objects and arrays in a schema document
 MAX_STRING_LENGTH = 10_000  # minLength, maxLength
@@ -49,8 +57,8 @@ MAX_NUMBER_MAGNITUDE = 2**53  # minimum, maximum, exclusiveMinimum, exclusiveMax
 MAX_PATTERN_LENGTH = 1_000  # characters of one pattern
 MAX_PATTERN_REPEAT = 1_000  # any count of a pattern's repetition
 MAX_PATTERN_NESTING = 256  # product of the bounded counts of nested repetitions in a pattern
-MAX_GRAMMAR_ELEMENTS = 200_000  # what llama.cpp allocates for the grammar, 8 bytes each
-MAX_GRAMMAR_CHARACTERS = 1_000_000  # the grammar's text
+MAX_GRAMMAR_ELEMENTS = 300_000  # what llama.cpp allocates for the grammar, 8 bytes each
+MAX_GRAMMAR_CHARACTERS = 2_000_000  # the grammar's text
 MAX_CONVERSION_STEPS = 200_000  # rules written and re-written by the converter
 
 _LENGTH_KEYWORDS = {"minLength": MAX_STRING_LENGTH, "maxLength": MAX_STRING_LENGTH}
@@ -128,6 +136,15 @@ def check_tool_schemas(
     if not called:
         return None
     combined = tool_call_schema(called)
+    if choice == "required" or isinstance(choice, NamedToolChoice):
+        # The worker constrains the answer to this schema, which must fit where any schema fits.
+        size = len(json.dumps(combined))
+        if size > MAX_SCHEMA_CHARACTERS:
+            raise SchemaBoundsError(
+                path,
+                f"the schema of a call of the tools tool_choice allows has {size} characters, more than "
+                f"this server's limit of {MAX_SCHEMA_CHARACTERS}",
+            )
     by_identity = {id(tool.function.parameters): index for index, tool in enumerate(tools)}
     aliases = {
         id(
@@ -290,7 +307,6 @@ _BUILT_IN_CHARACTERS = 6_000
 _RULE_OVERHEAD = 12
 _ROOT = "root"
 _NON_CONSUMING = frozenset(("ref", "union", "type_list"))
-_CLEAN_RULE_NAME = re.compile(r"^[a-zA-Z0-9-]+$")
 
 
 @dataclass
@@ -301,11 +317,8 @@ class _Checker:
     aliases: dict[int, str] = field(default_factory=dict)
     total: GrammarEstimate = field(default_factory=GrammarEstimate)
     checked: set[int] = field(default_factory=set)
-    counting: bool = True
-    # $refs whose rules the converter finds again (visited once, under a clean rule name), refs visited
-    # at least once, refs being resolved (with where on the branch stack they began), the branch stack.
-    memo: set[str] = field(default_factory=set)
-    seen: set[str] = field(default_factory=set)
+    # $refs converted, those being converted (with where on the branch stack they began), the branches.
+    converted: set[str] = field(default_factory=set)
     resolving: dict[str, int] = field(default_factory=dict)
     branches: list[str] = field(default_factory=list)
 
@@ -386,17 +399,17 @@ class _Checker:
         return self.total
 
     def _add(self, elements: int, characters: int, steps: int, path: str) -> None:
+        # A budget is the whole schema's (or tool set's): it is named, not the part where it ran out.
         total = self.total
         total.steps += steps
-        if self.counting:
-            total.elements += elements
-            total.characters += characters
+        total.elements += elements
+        total.characters += characters
         if total.elements > MAX_GRAMMAR_ELEMENTS:
-            _too_large(path, f"its grammar would have more than {MAX_GRAMMAR_ELEMENTS} elements")
+            _too_large(self.path, f"its grammar would have more than {MAX_GRAMMAR_ELEMENTS} elements")
         if total.characters > MAX_GRAMMAR_CHARACTERS:
-            _too_large(path, f"its grammar would be longer than {MAX_GRAMMAR_CHARACTERS} characters")
+            _too_large(self.path, f"its grammar would be longer than {MAX_GRAMMAR_CHARACTERS} characters")
         if total.steps > MAX_CONVERSION_STEPS:
-            _too_large(path, f"its grammar would take more than {MAX_CONVERSION_STEPS} steps to write")
+            _too_large(self.path, f"its grammar would take more than {MAX_CONVERSION_STEPS} steps to write")
 
     def _rule(self, name: int, elements: int, body: int, path: str, steps: int = 1) -> int:
         """Count a rule whose name has ``name`` characters; return the length of the name it gets."""
@@ -421,25 +434,20 @@ class _Checker:
 
     def ref(self, schema: dict[str, Any], name: int, rule: int, path: str) -> int:
         ref, path = schema["$ref"], _join(path, "$ref")
-        target_name = ref_rule_name(ref)
+        target_name = len(ref_rule_name(ref)) + _RULE_OVERHEAD
         if ref in self.resolving:
             if all(b in _NON_CONSUMING for b in self.branches[self.resolving[ref] :]):
                 raise SchemaBoundsError(path, f"{ref!r} leads back to itself with nothing in between")
-        elif ref not in self.memo:
-            clean = bool(_CLEAN_RULE_NAME.match(target_name)) and target_name not in RESERVED_RULE_NAMES
-            # The converter looks a resolved reference up by its rule name: one that is not a clean name
-            # is not found, and its schema is converted again (the rules come out the same: steps only).
-            counting, self.counting = self.counting, self.counting and ref not in self.seen
+            self._rule(target_name + 4, 1, target_name, path)  # the rule a recursive reference names
+        elif ref not in self.converted:
+            # Each reference's schema is converted once (the backend's converter keeps its rule).
+            self.converted.add(ref)
             self.resolving[ref] = len(self.branches)
             try:
-                self._visit(ref_target(self.root, ref), len(target_name), self._pointer_path(ref))
+                self._visit(ref_target(self.root, ref), target_name - _RULE_OVERHEAD, self._pointer_path(ref))
             finally:
                 del self.resolving[ref]
-                self.counting = counting
-            self.seen.add(ref)
-            if clean:
-                self.memo.add(ref)
-        return self._rule(rule, 1, len(target_name) + _RULE_OVERHEAD, path)
+        return self._rule(rule, 1, target_name, path)
 
     def alternatives(self, alternatives: list[Any], name: int, rule: int, path: str, key: str) -> int:
         names = 0
@@ -551,11 +559,10 @@ class _Checker:
             return self._rule(rule, 3 * len(items) + 4, names + 30, path)
         item_name = self._visit(item, name + len("-item"), _join(path, "items"))
         try:
-            text = repetition("i", low, high, '"," space')
-            size = measure(f"x ::= {text}")
+            elements, length, uses = _repetition_size("i", low, high, '"," space')
         except (GbnfError, TypeError):
             return 0  # refused by the bounds, or by the backend
-        return self._rule(rule, size.elements + 4, len(text) + text.count("i") * item_name + 30, path, 2)
+        return self._rule(rule, elements + 4, length + uses * item_name + 30, path, 2)
 
     def pattern(self, schema: dict[str, Any], name: int, rule: int, path: str) -> int:
         pattern = schema["pattern"]
@@ -580,11 +587,10 @@ class _Checker:
     def string_length(self, schema: dict[str, Any], name: int, rule: int, path: str) -> int:
         low, high = string_lengths(schema)
         try:
-            text = repetition("char", low, high)
-            size = measure(f"x ::= {text}")
+            elements, length, _ = _repetition_size("char", low, high, None)
         except (GbnfError, TypeError):
             return 0
-        return self._rule(rule, size.elements + 4, len(text) + 30, path, 2)
+        return self._rule(rule, elements + 4, length + 30, path, 2)
 
     def uuid(self, schema: dict[str, Any], name: int, rule: int, path: str) -> int:
         return self._rule(rule, 50, 200, path)
@@ -610,6 +616,13 @@ _BRANCHES = {
     "any_object": _Checker.small,
     "primitive": _Checker.small,
 }
+
+
+@functools.lru_cache(maxsize=1024)
+def _repetition_size(item: str, low: int, high: int | None, separator: str | None) -> tuple[int, int, int]:
+    """The elements and characters of a repetition of ``item`` (one element), and how often it names it."""
+    text = repetition(item, low, high, separator)
+    return measure(f"x ::= {text}").elements, len(text), text.count(item)
 
 
 def _too_large(path: str, reason: str) -> None:

@@ -41,6 +41,7 @@ from oasst_shared.schema_bounds import (
     array_items,
     check_schema,
     converter_branch,
+    ref_rule_name,
     ref_target,
     string_lengths,
 )
@@ -60,6 +61,31 @@ class _Converter(SchemaConverter):
 
     def __init__(self) -> None:
         super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+        self._ref_rules: dict[str, str] = {}
+        self._pending_refs: dict[str, str] = {}
+
+    def _resolve_ref(self, ref: str) -> str:
+        # Its own looks a converted reference up by its raw name, which it never finds when the name is
+        # not a valid rule name ("my_node"): that schema is converted again at every reference. And a
+        # reference met while its schema is being converted (a recursive schema) is written as that raw
+        # name, which llama.cpp cannot parse. Here each reference is converted once, and a recursive
+        # one refers to a rule defined as soon as the schema's rule exists.
+        if ref in self._ref_rules:
+            return self._ref_rules[ref]
+        if ref in self._refs_being_resolved:
+            if ref not in self._pending_refs:
+                # A placeholder body unique to this ref gives the rule a name of its own.
+                self._pending_refs[ref] = self._add_rule(f"{ref_rule_name(ref)}-ref", f"<{ref}>")
+            return self._pending_refs[ref]
+        self._refs_being_resolved.add(ref)
+        try:
+            rule = str(self.visit(self._refs[ref], ref_rule_name(ref)))
+        finally:
+            self._refs_being_resolved.discard(ref)
+        self._ref_rules[ref] = rule
+        if ref in self._pending_refs:
+            self._rules[self._pending_refs[ref]] = rule
+        return rule
 
     def resolve_refs(self, schema: Any, url: str) -> Any:
         # Its own stops at the first "$ref" of a schema and misses the refs under it (a root "$ref" next

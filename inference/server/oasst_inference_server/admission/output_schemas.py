@@ -1,0 +1,54 @@
+"""Admission of the JSON schemas a generation turns into a grammar downstream: the ``response_format`` of
+structured output and the tools an answer may be constrained to call, within the bounds of
+:mod:`oasst_shared.schema_bounds` (the numbers are in docs/security.md).
+
+A schema under the request size limit can still expand into a grammar that takes a backend down, or
+build one of megabytes: it is refused here, before anything is stored or queued, with a 400 naming the
+field. The check walks the schema and estimates its grammar within a budget; on a large tool set that is
+milliseconds of work, so it runs off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+from oasst_inference_server.domain_errors import InvalidRequest
+from oasst_shared.sampling import SamplingParameters
+from oasst_shared.schema_bounds import SchemaBoundsError, check_schema, check_tool_schemas
+from oasst_shared.tool_calls import ToolChoice, ToolDefinition
+
+
+async def check_output_schemas(
+    sampling: SamplingParameters,
+    *,
+    prefix: str = "",
+    tools: Sequence[ToolDefinition] | None = None,
+    tool_choice: ToolChoice | None = None,
+) -> None:
+    """Refuse (``InvalidRequest``, a 400 whose ``param`` is the offending field's path, after ``prefix``)
+    a response format or tool set past a bound. Tools are checked unless ``tool_choice`` is "none":
+    backends with tools of their own compile them for "auto" too."""
+    response_format = sampling.response_format
+    schema = (
+        response_format.json_schema.schema_
+        if response_format is not None
+        and response_format.type == "json_schema"
+        and response_format.json_schema is not None
+        and response_format.json_schema.schema_
+        else None
+    )
+    checked_tools = list(tools or []) if tool_choice != "none" else []
+    if schema is None and not checked_tools:
+        return
+
+    def check() -> None:
+        if schema is not None:
+            check_schema(schema, f"{prefix}response_format.json_schema.schema")
+        if checked_tools:
+            check_tool_schemas(checked_tools, tool_choice, f"{prefix}tools")
+
+    try:
+        await asyncio.to_thread(check)
+    except SchemaBoundsError as error:
+        raise InvalidRequest("schema_out_of_bounds", str(error), param=error.path) from None
