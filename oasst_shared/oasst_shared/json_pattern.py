@@ -382,7 +382,11 @@ class _Writer:
         else:
             # A quantified group gets a rule of its own: llama.cpp multiplies a repetition by the
             # symbols its operand created, and refuses the grammar past 2000.
-            body = self.node(item) or '""'
+            body = self.node(item)
+            if not body:
+                # Repeating nothing is nothing; and llama.cpp takes x* of an empty rule x for left
+                # recursion.
+                return ""
             self.count += 1
             operand = self.add_rule(f"{self.name}-{self.count}", body)
         return repetition(operand, node.min, node.max)
