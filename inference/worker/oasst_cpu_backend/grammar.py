@@ -29,8 +29,8 @@ from typing import Any
 import llama_cpp
 from llama_cpp.llama_grammar import PRIMITIVE_RULES, LlamaGrammar, SchemaConverter
 
+from oasst_cpu_backend.refusals import InvalidRequest
 from oasst_cpu_backend.schemas import GenerateParameters
-from oasst_cpu_backend.validation import InvalidRequest
 from oasst_shared.gbnf import GbnfError, literal, measure, repetition
 from oasst_shared.json_pattern import PatternError, parse_pattern, pattern_gbnf
 from oasst_shared.schema_bounds import (

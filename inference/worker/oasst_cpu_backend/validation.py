@@ -7,11 +7,8 @@ import math
 from dataclasses import dataclass
 
 from oasst_cpu_backend.records import EngineRequest, Sampling
+from oasst_cpu_backend.refusals import InvalidRequest as InvalidRequest  # re-exported
 from oasst_cpu_backend.schemas import GenerateParameters
-
-
-class InvalidRequest(Exception):
-    """A request the backend refuses with 422 and error_type "validation"."""
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,8 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from llama_cpp import llama_grammar
 
-from oasst_cpu_backend.grammar import check_gbnf, sampler_grammar, schema_to_gbnf
+from oasst_cpu_backend.grammar import check_gbnf, request_grammar, sampler_grammar, schema_to_gbnf
+from oasst_cpu_backend.schemas import GenerateParameters
 from oasst_cpu_backend.validation import InvalidRequest
 from oasst_shared import schema_bounds
 from oasst_shared.gbnf import measure, repetition
@@ -205,3 +206,28 @@ def test_the_engine_refuses_a_grammar_llama_cpp_refuses_instead_of_dying() -> No
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert "refused: `grammar`: llama.cpp refused" in done.stdout
+
+
+async def test_a_request_grammar_is_built_off_the_event_loop_within_its_time() -> None:
+    params = GenerateParameters.model_validate(
+        {"grammar": {"type": "json", "value": json.dumps(SUMMARY_2000)}}
+    )
+    gbnf = await request_grammar(params, vocab(), timeout=60)
+    assert gbnf is not None and builds(gbnf)
+    assert await request_grammar(GenerateParameters(), vocab(), timeout=60) is None
+    with pytest.raises(InvalidRequest, match="regex"):
+        await request_grammar(
+            GenerateParameters.model_validate({"grammar": {"type": "regex", "value": "a+"}}),
+            vocab(),
+            timeout=60,
+        )
+
+
+async def test_a_grammar_that_takes_too_long_to_build_is_refused() -> None:
+    wide = {
+        "type": "object",
+        "properties": {f"f{i}": {"type": "string", "maxLength": 5000} for i in range(200)},
+    }
+    params = GenerateParameters.model_validate({"grammar": {"type": "json", "value": wide}})
+    with pytest.raises(InvalidRequest, match="took longer than"):
+        await request_grammar(params, vocab(), timeout=1e-6)
