@@ -142,6 +142,7 @@ def run_tools(user: ApiUser, key: str, case: ToolsCase) -> None:
         validate(json.loads(call["function"]["arguments"]), case.parameters[index])
 
 
+@pytest.mark.timeout(max(300, 20 * EXAMPLES))
 def test_structured_output_never_fails_the_server_or_the_backend(
     fuzz_stack: Stack, cpu_backend: BackendProcess
 ) -> None:

@@ -117,6 +117,14 @@ WEATHER_TOOL = {
             "limit",
         ),
         ({"tools": [WEATHER_TOOL]}, "tools[0].function.parameters.properties.city.maxLength", "limit"),
+        (
+            {
+                "tools": [{"type": "function", "function": {"name": "deep", "parameters": nested(100)}}],
+                "tool_choice": "none",
+            },
+            "tools[0].function.parameters" + ".properties.a" * 30,
+            "nested deeper than 64 levels",
+        ),
     ],
 )
 def test_a_schema_past_a_bound_is_a_400_naming_the_field(

@@ -27,8 +27,10 @@ async def check_output_schemas(
     tool_choice: ToolChoice | None = None,
 ) -> None:
     """Refuse (``InvalidRequest``, a 400 whose ``param`` is the offending field's path, after ``prefix``)
-    a response format or tool set past a bound. Tools are checked unless ``tool_choice`` is "none":
-    backends with tools of their own compile them for "auto" too."""
+    a response format or tool set past a bound. Every tool is bounded (it is sent to the worker and may
+    be rendered into the prompt whatever the choice); the grammar of the tools an answer may call is
+    bounded unless ``tool_choice`` is "none" (backends with tools of their own compile them for "auto"
+    too)."""
     response_format = sampling.response_format
     schema = (
         response_format.json_schema.schema_
@@ -38,7 +40,7 @@ async def check_output_schemas(
         and response_format.json_schema.schema_
         else None
     )
-    checked_tools = list(tools or []) if tool_choice != "none" else []
+    checked_tools = list(tools or [])
     if schema is None and not checked_tools:
         return
 
