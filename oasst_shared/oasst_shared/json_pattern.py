@@ -16,6 +16,7 @@ pattern, unicode property classes, nested groups deeper than :data:`MAX_GROUP_DE
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -105,8 +106,10 @@ _CONTROL_ESCAPES = {"t": 0x09, "n": 0x0A, "v": 0x0B, "f": 0x0C, "r": 0x0D, "0": 
 _SYNTAX = frozenset("^$\\.*+?()[]{}|/-")
 
 
+@functools.lru_cache(maxsize=512)
 def parse_pattern(pattern: str) -> Pattern:
-    """The pattern's tree; :class:`PatternError` if it uses what this module does not take."""
+    """The pattern's tree (immutable, so cached); :class:`PatternError` if it uses what this module
+    does not take."""
     parser = _Parser(pattern)
     anchored_start = pattern.startswith("^")
     if anchored_start:

@@ -40,6 +40,7 @@ from typing import Any
 
 from oasst_shared.gbnf import GbnfError, measure, repetition
 from oasst_shared.json_pattern import PatternError, parse_pattern, pattern_gbnf
+from oasst_shared.schema_keywords import SUBSCHEMA_KEYWORDS, SUBSCHEMA_LIST_KEYWORDS, SUBSCHEMA_MAP_KEYWORDS
 from oasst_shared.tool_calls import (
     MAX_SCHEMA_CHARACTERS,
     NamedToolChoice,
@@ -76,23 +77,9 @@ _ORDERED = (
     ("minContains", "maxContains"),
     ("minProperties", "maxProperties"),
 )
-_NUMBER_KEYWORDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf")
-# Where a keyword's value is a schema, a list of schemas, or a map of names to schemas.
-_SUBSCHEMA = (
-    "items",
-    "additionalProperties",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "additionalItems",
-    "unevaluatedItems",
-    "unevaluatedProperties",
-)
-_SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
-_SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+_BOUNDED_COUNTS = {**_LENGTH_KEYWORDS, **_COUNT_KEYWORDS}
+_NUMBER_KEYWORDS = frozenset(("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"))
+_SUBSCHEMAS = frozenset((*SUBSCHEMA_KEYWORDS, *SUBSCHEMA_LIST_KEYWORDS, *SUBSCHEMA_MAP_KEYWORDS))
 
 
 class SchemaBoundsError(ValueError):
@@ -145,12 +132,9 @@ def check_tool_schemas(
                 f"the schema of a call of the tools tool_choice allows has {size} characters, more than "
                 f"this server's limit of {MAX_SCHEMA_CHARACTERS}",
             )
-    by_identity = {id(tool.function.parameters): index for index, tool in enumerate(tools)}
+    # Found inside the combined schema, a tool's parameters are named as the request names them.
     aliases = {
-        id(
-            tool.function.parameters
-        ): f"{path}[{by_identity[id(tool.function.parameters)]}].function.parameters"
-        for tool in called
+        id(tool.function.parameters): f"{path}[{i}].function.parameters" for i, tool in enumerate(tools)
     }
     return _Checker(combined, path, 0, aliases=aliases).estimate()
 
@@ -185,8 +169,9 @@ _PLAIN_NAME = re.compile(r"^[A-Za-z_$][A-Za-z0-9_$-]*$")
 
 
 def _join(path: str, key: Any) -> str:
+    """``path`` and a key after it, as a request names a field (a long key is cut: paths stay short)."""
     text = str(key)
-    if _PLAIN_NAME.match(text):
+    if len(text) <= 64 and _PLAIN_NAME.match(text):
         return f"{path}.{text}" if path else text
     shown = text if len(text) <= 64 else text[:61] + "..."
     return f"{path}[{json.dumps(shown)}]"
@@ -335,21 +320,20 @@ class _Checker:
         if not isinstance(schema, dict) or id(schema) in self.checked:
             return
         self.checked.add(id(schema))
-        for keyword, limit in {**_LENGTH_KEYWORDS, **_COUNT_KEYWORDS}.items():
-            if keyword in schema:
-                value = schema[keyword]
-                if not _is_count(value):
-                    raise SchemaBoundsError(_join(path, keyword), "must be a non-negative integer")
-                if value > limit:
-                    raise SchemaBoundsError(
-                        _join(path, keyword), f"{value} is more than this server's limit of {limit}"
-                    )
+        keys = schema.keys()
+        for keyword in keys & _BOUNDED_COUNTS.keys():
+            limit, value = _BOUNDED_COUNTS[keyword], schema[keyword]
+            if not _is_count(value):
+                raise SchemaBoundsError(_join(path, keyword), "must be a non-negative integer")
+            if value > limit:
+                raise SchemaBoundsError(
+                    _join(path, keyword), f"{value} is more than this server's limit of {limit}"
+                )
         for low, high in _ORDERED:
             if low in schema and high in schema and schema[low] > schema[high]:
                 raise SchemaBoundsError(_join(path, low), f"is more than {high}")
-        for keyword in _NUMBER_KEYWORDS:
-            if keyword in schema:
-                _check_number(schema[keyword], _join(path, keyword), positive=keyword == "multipleOf")
+        for keyword in keys & _NUMBER_KEYWORDS:
+            _check_number(schema[keyword], _join(path, keyword), positive=keyword == "multipleOf")
         if "pattern" in schema:
             _check_pattern(schema["pattern"], _join(path, "pattern"))
         if isinstance(schema.get("patternProperties"), dict):
@@ -363,16 +347,15 @@ class _Checker:
             )
         if "$ref" in schema:
             self._check_ref(schema["$ref"], _join(path, "$ref"))
-        for keyword in _SUBSCHEMA:
-            if isinstance(schema.get(keyword), dict):
-                self._keywords(schema[keyword], _join(path, keyword))
-        for keyword in _SUBSCHEMA_LISTS:
-            if isinstance(schema.get(keyword), list):
-                for index, item in enumerate(schema[keyword]):
+        for keyword in keys & _SUBSCHEMAS:
+            value = schema[keyword]
+            if isinstance(value, dict) and keyword in SUBSCHEMA_KEYWORDS:
+                self._keywords(value, _join(path, keyword))
+            elif isinstance(value, list) and keyword in SUBSCHEMA_LIST_KEYWORDS:
+                for index, item in enumerate(value):
                     self._keywords(item, f"{_join(path, keyword)}[{index}]")
-        for keyword in _SUBSCHEMA_MAPS:
-            if isinstance(schema.get(keyword), dict):
-                for name, item in schema[keyword].items():
+            elif isinstance(value, dict) and keyword in SUBSCHEMA_MAP_KEYWORDS:
+                for name, item in value.items():
                     self._keywords(item, _join(_join(path, keyword), name))
 
     def _check_ref(self, ref: Any, path: str) -> None:
@@ -567,22 +550,12 @@ class _Checker:
     def pattern(self, schema: dict[str, Any], name: int, rule: int, path: str) -> int:
         pattern = schema["pattern"]
         try:
-            parsed = parse_pattern(pattern)
+            elements, length = _pattern_size(pattern, rule)
         except (PatternError, TypeError):
             return 0
-        defined: list[str] = []
-
-        def add_rule(rule_name: str, body: str) -> str:
-            defined.append(f"{rule_name} ::= {body}")
-            return rule_name
-
-        body = pattern_gbnf(parsed, "n" * rule, add_rule)
-        text = "\n".join([*defined, f"x ::= {body}"])
-        try:
-            size = measure(text)
         except GbnfError as error:
             raise SchemaBoundsError(_join(path, "pattern"), f"unsupported pattern: {error}") from None
-        return self._rule(rule, size.elements + 3, len(text) + 20, path, len(pattern) + 1)
+        return self._rule(rule, elements + 3, length + 20, path, len(pattern) + 1)
 
     def string_length(self, schema: dict[str, Any], name: int, rule: int, path: str) -> int:
         low, high = string_lengths(schema)
@@ -616,6 +589,20 @@ _BRANCHES = {
     "any_object": _Checker.small,
     "primitive": _Checker.small,
 }
+
+
+@functools.lru_cache(maxsize=1024)
+def _pattern_size(pattern: str, name: int) -> tuple[int, int]:
+    """The elements and characters of the rules of a pattern named with ``name`` characters."""
+    defined: list[str] = []
+
+    def add_rule(rule_name: str, body: str) -> str:
+        defined.append(f"{rule_name} ::= {body}")
+        return rule_name
+
+    body = pattern_gbnf(parse_pattern(pattern), "n" * name, add_rule)
+    text = "\n".join([*defined, f"x ::= {body}"])
+    return measure(text).elements, len(text)
 
 
 @functools.lru_cache(maxsize=1024)

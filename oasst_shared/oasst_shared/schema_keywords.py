@@ -10,10 +10,23 @@ from __future__ import annotations
 
 from typing import Any
 
-# Keywords whose value is a schema, a list of schemas, or a mapping of names to schemas.
-_SCHEMA = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
-_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
-_SCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+# Keywords whose value is a schema, a list of schemas, or a mapping of names to schemas (items: a list in
+# drafts before 2020-12).
+SUBSCHEMA_KEYWORDS = (
+    "items",
+    "additionalProperties",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "additionalItems",
+    "unevaluatedItems",
+    "unevaluatedProperties",
+)
+SUBSCHEMA_LIST_KEYWORDS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+SUBSCHEMA_MAP_KEYWORDS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 
 # What llama.cpp's JSON-schema-to-grammar converter (the bundled backend's) does not enforce.
 LLAMA_CPP_UNENFORCED = (
@@ -48,12 +61,12 @@ def _walk(schema: Any, found: set[str], depth: int) -> None:
     if not isinstance(schema, dict) or depth > 64:
         return
     found.update(schema)
-    for key in _SCHEMA:
+    for key in SUBSCHEMA_KEYWORDS:
         _walk(schema.get(key), found, depth + 1)
-    for key in _SCHEMA_LISTS:
+    for key in SUBSCHEMA_LIST_KEYWORDS:
         for item in schema.get(key) or [] if isinstance(schema.get(key), list) else []:
             _walk(item, found, depth + 1)
-    for key in _SCHEMA_MAPS:
+    for key in SUBSCHEMA_MAP_KEYWORDS:
         mapping = schema.get(key)
         if isinstance(mapping, dict):
             for item in mapping.values():

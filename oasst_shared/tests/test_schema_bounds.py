@@ -19,15 +19,9 @@ from oasst_shared.schema_bounds import (
     too_deep,
 )
 from oasst_shared.tool_calls import NamedToolChoice, ToolDefinition
+from tests.support.json_schemas import nested
 
 ROOT = "response_format.json_schema.schema"
-
-
-def nested(levels: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
 
 
 def refused(schema: Any) -> SchemaBoundsError:

@@ -15,6 +15,7 @@ import pytest
 
 from tests.e2e.chat_api import ChatApi
 from tests.openai_api.conftest import ApiUser
+from tests.support.json_schemas import nested
 from tests.support.stacks import BackendProcess, Stack
 
 pytestmark = pytest.mark.slow
@@ -27,13 +28,6 @@ SUMMARY_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 ARTICLE = "The cat sat on the mat all afternoon and slept in the warm sun while the dog watched the door."
-
-
-def nested(levels: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
 
 
 def json_schema_format(schema: dict[str, Any]) -> dict[str, Any]:

@@ -12,6 +12,15 @@ from hypothesis import strategies as st
 
 Schema = dict[str, Any]
 
+
+def nested(levels: int) -> Schema:
+    """A string inside ``levels`` objects, each the one required property of the one around it."""
+    schema: Schema = {"type": "string"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
 _NAMES = st.text(alphabet="abcdefghijklmnopqrstuvwxyz_.-$ AZ09é", min_size=1, max_size=12)
 _SMALL_COUNT = st.integers(min_value=0, max_value=40)
 _COUNT = st.one_of(

@@ -4,8 +4,9 @@ structured output and the tools an answer may be constrained to call, within the
 
 A schema under the request size limit can still expand into a grammar that takes a backend down, or
 build one of megabytes: it is refused here, before anything is stored or queued, with a 400 naming the
-field. The check walks the schema and estimates its grammar within a budget; on a large tool set that is
-milliseconds of work, so it runs off the event loop.
+field. The check walks the schema and estimates its grammar within a budget: a fraction of a millisecond
+for an ordinary schema, which is checked on the event loop; tens of milliseconds for a large tool set,
+which is checked in a thread.
 """
 
 from __future__ import annotations
@@ -51,6 +52,31 @@ async def check_output_schemas(
             check_tool_schemas(checked_tools, tool_choice, f"{prefix}tools")
 
     try:
-        await asyncio.to_thread(check)
+        if _larger_than([schema, *(t.function.parameters for t in checked_tools)], _ON_THE_LOOP_NODES):
+            await asyncio.to_thread(check)
+        else:
+            check()  # a few hundred microseconds: cheaper than the hop to a thread and back
     except SchemaBoundsError as error:
         raise InvalidRequest("schema_out_of_bounds", str(error), param=error.path) from None
+
+
+# Schemas with at most this many objects and arrays are checked on the event loop.
+_ON_THE_LOOP_NODES = 200
+
+
+def _larger_than(document: object, limit: int) -> bool:
+    """Whether ``document`` holds more than ``limit`` objects and arrays (stops counting past it)."""
+    stack = [document]
+    count = 0
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+        else:
+            continue
+        count += 1
+        if count > limit:
+            return True
+    return False

@@ -199,6 +199,7 @@ else:
 """
 
 
+@pytest.mark.slow
 def test_the_engine_refuses_a_grammar_llama_cpp_refuses_instead_of_dying() -> None:
     # In a process of its own: before, llama-cpp-python added the NULL sampler and the process died.
     done = subprocess.run(

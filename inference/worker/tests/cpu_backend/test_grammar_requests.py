@@ -9,6 +9,8 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.json_schemas import nested
+
 from .conftest import RunningBackend
 
 pytestmark = pytest.mark.slow
@@ -18,13 +20,6 @@ SUMMARY_PROMPT = (
     "<|im_start|>user\nSummarize in one sentence: The cat sat on the mat all afternoon and slept in the "
     "sun.<|im_end|>\n<|im_start|>assistant\n"
 )
-
-
-def nested(levels: int) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string"}
-    for _ in range(levels):
-        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
-    return schema
 
 
 def generate(
