@@ -3,7 +3,8 @@ the keyword ``minimum``).
 
 A backend that constrains output with a grammar enforces some keywords only; its worker reports the others
 (``WorkerCapabilities.unenforced_schema_keywords``) and the server refuses a schema that uses one, rather
-than promise an answer that validates and deliver one that may not.
+than promise an answer that validates and deliver one that may not. Some keywords are enforced alone but
+not next to another one in the same schema: those are reported as "maxLength with pattern".
 """
 
 from __future__ import annotations
@@ -47,11 +48,21 @@ LLAMA_CPP_UNENFORCED = (
     "propertyNames",
     "dependentRequired",
     "dependentSchemas",
+    # A string with a pattern, or with a format it knows (date, time, date-time, uuid), is written from
+    # that alone: its lengths are left out.
+    "minLength with pattern",
+    "maxLength with pattern",
+    "minLength with format",
+    "maxLength with format",
+)
+_LENGTHS = ("minLength", "maxLength")
+_WRITTEN_FORMATS = frozenset(
+    ("date", "time", "date-time", "uuid", "uuid1", "uuid2", "uuid3", "uuid4", "uuid5")
 )
 
 
 def schema_keywords(schema: Any) -> set[str]:
-    """Every keyword used anywhere in ``schema``."""
+    """Every keyword used anywhere in ``schema``, and every pair of the "X with Y" kind."""
     found: set[str] = set()
     _walk(schema, found, depth=0)
     return found
@@ -61,6 +72,11 @@ def _walk(schema: Any, found: set[str], depth: int) -> None:
     if not isinstance(schema, dict) or depth > 64:
         return
     found.update(schema)
+    lengths = [key for key in _LENGTHS if key in schema]
+    if lengths and "pattern" in schema:
+        found.update(f"{key} with pattern" for key in lengths)
+    elif lengths and schema.get("format") in _WRITTEN_FORMATS:
+        found.update(f"{key} with format" for key in lengths)
     for key in SUBSCHEMA_KEYWORDS:
         _walk(schema.get(key), found, depth + 1)
     for key in SUBSCHEMA_LIST_KEYWORDS:
