@@ -10,9 +10,11 @@ is a NULL sampler, and the process dies on the first token. So a grammar is
 2. converted with llama-cpp-python's converter, whose repetitions, patterns and literals are written by
    :mod:`oasst_shared.gbnf` and :mod:`oasst_shared.json_pattern` instead (its own nest ``maxLength: 2000``
    2000 groups deep, copy ``\\d`` and ``\\.`` into the grammar, and let a pattern's ``.`` write a raw ``"``),
-   off the event loop and within ``grammar_timeout``;
+   and whose ``$ref``s are each converted once and named validly when recursive, off the event loop and
+   within ``grammar_timeout``;
 3. measured as llama.cpp would build it, within the same budget;
-4. parsed by llama.cpp itself: NULL is a refusal.
+4. parsed by llama.cpp itself: NULL is a refusal (llama.cpp prints the refused grammar on stderr: it is
+   within the size budget).
 
 Every refusal is :class:`InvalidRequest` (422, ``error_type`` validation), which the worker reports as a
 failure of that message alone, retried nowhere. The engine builds its sampler's grammar with
