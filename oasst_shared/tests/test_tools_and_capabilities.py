@@ -21,7 +21,7 @@ from oasst_shared.protocol import (
     parse_worker_frame,
 )
 from oasst_shared.sampling import SamplingParameters
-from oasst_shared.schema_keywords import schema_keywords
+from oasst_shared.schema_keywords import LLAMA_CPP_UNENFORCED, schema_keywords
 from oasst_shared.tool_calls import (
     ToolCall,
     ToolCallFunction,
@@ -167,3 +167,18 @@ def test_schema_keywords_are_keywords_not_property_names():
         "anyOf": [{"required": ["minimum"]}],
     }
     assert schema_keywords(schema) == {"type", "properties", "anyOf", "maximum", "items", "enum", "required"}
+
+
+def test_lengths_next_to_a_pattern_or_a_format_are_reported_as_such():
+    # llama-cpp-python's converter writes such a string from its pattern or format alone.
+    schema = {
+        "type": "object",
+        "properties": {
+            "a": {"type": "string", "pattern": "^a+$", "maxLength": 3},
+            "b": {"type": "string", "format": "date", "minLength": 1},
+            "c": {"type": "string", "format": "email", "maxLength": 3},
+        },
+    }
+    combined = {k for k in schema_keywords(schema) if " with " in k}
+    assert combined == {"maxLength with pattern", "minLength with format"}
+    assert combined <= set(LLAMA_CPP_UNENFORCED)

@@ -28,6 +28,7 @@ from oasst_inference_server.admission.limits import (
     check_message_length,
     check_queue_capacity,
 )
+from oasst_inference_server.admission.output_schemas import check_output_schemas
 from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.admission.request_bounds import check_system_prompt
 from oasst_inference_server.chats.chat_store import (
@@ -206,6 +207,7 @@ class SubmissionService:
         chat_size: ChatSize | None = None,
     ) -> DbMessage:
         model = await self._chat_model(request.model_config_name)
+        await check_output_schemas(request.sampling_parameters, prefix="sampling_parameters.")
         check_capabilities(request.sampling_parameters, model)
         check_system_prompt(self._settings, request.system_prompt)
         size = await self.admit(session, user.id, model.config.name, chat_id=chat.id, chat_size=chat_size)

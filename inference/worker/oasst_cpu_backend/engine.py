@@ -16,9 +16,10 @@ from typing import Any
 
 import llama_cpp
 import numpy as np
-from llama_cpp import Llama, LlamaGrammar
+from llama_cpp import Llama
 from loguru import logger
 
+from oasst_cpu_backend.grammar import sampler_grammar
 from oasst_cpu_backend.records import EngineRequest, EngineResult, FinishReason, Step, Summary, TokenOut
 from oasst_cpu_backend.stops import TokenHoldback
 
@@ -71,6 +72,11 @@ class ModelEngine:
         )
 
     # ---- vocabulary (thread-safe: the vocabulary is read-only) ----
+
+    @property
+    def vocab(self) -> llama_cpp.llama_vocab_p:
+        """The model's vocabulary, for checking grammars against it (grammar.py)."""
+        return self._vocab
 
     def tokenize(self, text: str) -> list[int]:
         # Special tokens are parsed: prompts rendered from a chat template contain them as text.
@@ -185,7 +191,7 @@ class ModelEngine:
             # llama.cpp takes a 32-bit seed and reads 0xFFFFFFFF as "random": fold larger seeds into the
             # range it treats as fixed, so every seed reproduces.
             llm.set_seed(seed % _LLAMA_RANDOM_SEED)
-        grammar = LlamaGrammar.from_string(sampling.grammar, verbose=False) if sampling.grammar else None
+        grammar = sampler_grammar(self._vocab, sampling.grammar) if sampling.grammar else None
         holdback: TokenHoldback[_Held] = TokenHoldback(job.stop)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         # The prompt is already evaluated, so generate() finds it cached and samples at once.

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import Response
 
+from oasst_cpu_backend.grammar import request_grammar
 from oasst_cpu_backend.records import EngineRequest, EngineResult, Step, TokenOut
 from oasst_cpu_backend.responses import (
     EventStreamResponse,
@@ -31,7 +32,7 @@ from oasst_cpu_backend.schemas import (
     Token,
 )
 from oasst_cpu_backend.state import ServingState, serving_state
-from oasst_cpu_backend.validation import InvalidRequest, build_request, check_parameters, grammar_to_gbnf
+from oasst_cpu_backend.validation import InvalidRequest, build_request, check_parameters
 
 
 async def _prepare(
@@ -41,7 +42,7 @@ async def _prepare(
     check_parameters(params, serving.limits, stream=stream)
     if not body.inputs:
         raise InvalidRequest("`inputs` cannot be empty")
-    gbnf = grammar_to_gbnf(params)
+    gbnf = await request_grammar(params, serving.engine.vocab, serving.settings.grammar_timeout)
     # Off the event loop: a long input takes a noticeable time to tokenize.
     tokens = await asyncio.to_thread(serving.engine.tokenize, body.inputs)
     return build_request(

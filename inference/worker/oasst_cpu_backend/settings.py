@@ -111,6 +111,12 @@ class Settings(BaseSettings):
         gt=0,
         description="Longest wait for the model before a request is refused with 503 (error_type overloaded).",
     )
+    grammar_timeout: float = Field(
+        default=10.0,
+        gt=0,
+        description="Longest time to turn a request's JSON schema into a grammar (off the event loop, within "
+        "the size bounds of docs/security.md); past it the request is refused (422 validation).",
+    )
     max_input_length: int | None = Field(default=None, ge=1, description="None -> n_ctx - 1.")
     max_stop_sequences: int = Field(default=4, ge=0, description="Most stop sequences one request may have.")
     max_top_n_tokens: int = Field(

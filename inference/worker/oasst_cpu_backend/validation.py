@@ -1,20 +1,14 @@
-"""Checks of generation parameters, with TGI's rules and wording, and their translation to llama.cpp."""
+"""Checks of generation parameters, with TGI's rules and wording, and their translation to llama.cpp
+(a request's grammar: grammar.py)."""
 
 from __future__ import annotations
 
-import json
 import math
-import re
 from dataclasses import dataclass
 
-from llama_cpp.llama_grammar import json_schema_to_gbnf
-
 from oasst_cpu_backend.records import EngineRequest, Sampling
+from oasst_cpu_backend.refusals import InvalidRequest as InvalidRequest  # re-exported
 from oasst_cpu_backend.schemas import GenerateParameters
-
-
-class InvalidRequest(Exception):
-    """A request the backend refuses with 422 and error_type "validation"."""
 
 
 @dataclass(frozen=True)
@@ -71,28 +65,6 @@ def check_parameters(params: GenerateParameters, limits: Limits, *, stream: bool
         raise InvalidRequest("`stop` sequences must not be empty")
     if stream and params.decoder_input_details:
         raise InvalidRequest("`decoder_input_details` == true is not supported when streaming tokens")
-
-
-def grammar_to_gbnf(params: GenerateParameters) -> str | None:
-    grammar = params.grammar
-    if grammar is None:
-        return None
-    if grammar.type == "regex":
-        raise InvalidRequest("grammar of type `regex` is not supported by this backend; use `json`")
-    schema = grammar.value if isinstance(grammar.value, str) else json.dumps(grammar.value)
-    try:
-        gbnf = json_schema_to_gbnf(schema)
-    except Exception as error:  # the converter raises many kinds of errors for bad schemas
-        raise InvalidRequest(f"invalid JSON schema in `grammar`: {error}") from error
-    return _JSON_CHAR_RULE.sub(lambda _: _STRICT_JSON_CHAR, gbnf)
-
-
-# llama-cpp-python's converter lets a string hold raw control characters (a newline), which JSON forbids:
-# an answer with one would not parse. Its rule, with them excluded (as llama.cpp's own converter does).
-_JSON_CHAR_RULE = re.compile(r"^char ::= .*$", re.M)
-_STRICT_JSON_CHAR = (
-    r'char ::= [^"\\\x7F\x00-\x1F] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F] [0-9a-fA-F])'
-)
 
 
 def to_sampling(params: GenerateParameters, gbnf: str | None) -> Sampling:

@@ -236,12 +236,9 @@ def test_json_strings_in_the_grammar_exclude_control_characters() -> None:
     # llama-cpp-python's converter lets a JSON string hold a raw newline; an answer with one would not parse.
     from llama_cpp import LlamaGrammar
 
-    from oasst_cpu_backend.schemas import GenerateParameters
-    from oasst_cpu_backend.validation import grammar_to_gbnf
+    from oasst_cpu_backend.grammar import schema_to_gbnf
 
-    schema = {"type": "object", "properties": {"city": {"type": "string"}}}
-    gbnf = grammar_to_gbnf(GenerateParameters.model_validate({"grammar": {"type": "json", "value": schema}}))
-    assert gbnf is not None
+    gbnf = schema_to_gbnf({"type": "object", "properties": {"city": {"type": "string"}}})
     (char_rule,) = [line for line in gbnf.splitlines() if line.startswith("char ::=")]
     assert "\\x00-\\x1F" in char_rule
     LlamaGrammar.from_string(gbnf, verbose=False)  # llama.cpp parses it

@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request, Response
 from pydantic import ValidationError
 
 from oasst_inference_server.admission.capabilities import check_capabilities
+from oasst_inference_server.admission.output_schemas import check_output_schemas
 from oasst_inference_server.admission.request_bounds import check_chat_completion_bounds
 from oasst_inference_server.api.deps import ApiCaller, OpenAIServiceDep, SessionDep, SettingsDep
 from oasst_inference_server.auth.caller import Caller
@@ -195,6 +196,10 @@ async def _generate(
         check_chat_completion_bounds(settings, body)
     model = await service.resolve_model(body.model, "generation")
     sampling = _sampling(body, model)
+    if isinstance(body, ChatCompletionRequest):
+        await check_output_schemas(sampling, tools=body.tools, tool_choice=body.tool_choice)
+    else:
+        await check_output_schemas(sampling)
     _check_capabilities(body, sampling, model)
     await service.admit(session, caller, model)
     messages: list[DbMessage] = []
