@@ -4,16 +4,21 @@ The chat routes (an assistant message) and the OpenAI-compatible API (a completi
 work the same way, through one :class:`SubmissionService` built at startup:
 
 1. admission: what the model's workers can honour (``admission.capabilities``), the user's rate and
-   concurrency (``admission.rate_limit``), the chat's size and the model's queue (``admission.limits``);
-2. the pending message is inserted with its fair-queue ticket (``dispatch.fair_share``) and committed;
-3. it is queued (``MessageLifecycle.enqueue``). A failure to queue is logged, not raised: the message is
-   safely pending in the database, and the recovery loop queues it.
+   concurrency (``admission.rate_limit``, counting every generation the request starts: a ``/v1``
+   request with ``n`` choices is ``n``), the chat's size and the model's queue (``admission.limits``);
+2. the pending messages are inserted with their fair-queue tickets (``dispatch.fair_share``) and
+   committed, in the transaction that checked the limits, with the user's turn held
+   (``admission.user_turns``: one submission of a user at a time, on SQLite too);
+3. they are queued (``MessageLifecycle.enqueue``). A failure to queue is logged, not raised: the message
+   is safely pending in the database, and the recovery loop queues it.
 
 May import admission, chats, streams, dispatch, auth, db, broker, metrics, settings, errors; not api or
 openai_api.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from loguru import logger
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -27,6 +32,7 @@ from oasst_inference_server.admission.limits import (
 )
 from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.admission.request_bounds import check_system_prompt
+from oasst_inference_server.admission.user_turns import UserTurns
 from oasst_inference_server.chats.chat_store import (
     ChatSize,
     get_own_chat,
@@ -35,7 +41,7 @@ from oasst_inference_server.chats.chat_store import (
 )
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, new_id, utcnow
 from oasst_inference_server.dispatch import fair_share
-from oasst_inference_server.dispatch.handoff import Handoff
+from oasst_inference_server.dispatch.handoff import HandedOver, Handoff
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue, ServiceUnavailable
@@ -61,6 +67,8 @@ class SubmissionService:
         self._lifecycle = lifecycle
         self._registry = registry
         self._handoff = handoff
+        # SQLite cannot lock the user's row: admission takes turns per user in this one process.
+        self.turns = UserTurns(enabled=settings.is_sqlite)
 
     async def admit(
         self,
@@ -68,14 +76,17 @@ class SubmissionService:
         user_id: str,
         model_name: str,
         *,
+        count: int = 1,
         chat_id: str | None = None,
         chat_size: ChatSize | None = None,
     ) -> ChatSize | None:
-        """May the user start a generation now (``RateLimited``), has the chat room for one more message
-        (``Conflict``), has the model's queue room (``ServiceUnavailable``)? Counted in the database
-        (the chat's ``chat_size`` only if the caller does not know it). Returns the chat's size, which
-        the new message's ticket needs (None without a chat)."""
-        await check_generation_limits(session, self._settings, user_id)
+        """May the user start ``count`` generations now (``RateLimited``; ``InvalidRequest`` if ``count``
+        alone is over a limit), has the chat room for one more message (``Conflict``), has the model's
+        queue room (``ServiceUnavailable``)? Counted in the database (the chat's ``chat_size`` only if
+        the caller does not know it). Returns the chat's size, which the new message's ticket needs
+        (None without a chat). Call it holding the user's turn (:meth:`submit_requests` and the chat
+        methods do), in the transaction that inserts the generations."""
+        await check_generation_limits(session, self._settings, user_id, count)
         size = chat_size
         if size is not None:
             check_chat_room(self._settings, size)
@@ -84,57 +95,93 @@ class SubmissionService:
         await check_queue_capacity(session, self._settings, model_name)
         return size
 
+    async def submit_requests(
+        self,
+        session: AsyncSession,
+        messages: Sequence[DbMessage],
+        user: DbUser,
+        requested: SchedulingRequest,
+    ) -> list[DbMessage]:
+        """Admit the API requests' ``messages`` (all of one model, one per choice) as one: the user's
+        limits count every one of them, and they are inserted and committed together, so no other
+        request of the user is admitted between them. Then queue them (or hand them over)."""
+        model_name = messages[0].model_config_name or ""
+        async with self.turns.turn(user.id):
+            await self.admit(session, user.id, model_name, count=len(messages))
+            return await self.submit(session, messages, user, requested)
+
     async def submit(
         self,
         session: AsyncSession,
-        message: DbMessage,
+        messages: Sequence[DbMessage],
         user: DbUser,
         requested: SchedulingRequest,
         *,
         chat: DbChat | None = None,
         chat_characters: int | None = None,
         parent: DbMessage | None = None,
-    ) -> DbMessage:
-        """Commit ``message`` as pending with its fair-queue ticket (and whatever else ``session`` holds;
-        ``chat``, if given, gets it as its newest message), then queue it; or, when nothing waits in the
-        model's queue and a worker of this process is idle, hand it to that worker before the commit
-        (:mod:`.dispatch.handoff`). ``chat_characters``: the length of the chat's messages, if
-        :meth:`admit` measured it (the ticket then needs no query). ``parent``: the message it answers,
-        if the caller holds it (a hand-over of a new chat's first answer then reads no conversation)."""
-        ticket = await fair_share.new_ticket(
-            session, self._settings, message, requested, user=user, chat_characters=chat_characters
-        )
-        message.scheduling = ticket.model_dump(mode="json")
-        session.add(message)
+    ) -> list[DbMessage]:
+        """Commit ``messages`` as pending with their fair-queue tickets (and whatever else ``session``
+        holds; ``chat``, if given, gets the last as its newest message), in one transaction, then queue
+        them; or, when nothing waits in the model's queue and a worker of this process is idle, hand one
+        to that worker before the commit (:mod:`.dispatch.handoff`). ``chat_characters``: the length of
+        the chat's messages, if :meth:`admit` measured it (the ticket then needs no query). ``parent``:
+        the message they answer, if the caller holds it (a hand-over of a new chat's first answer then
+        reads no conversation)."""
+        tickets = []
+        for message in messages:
+            ticket = await fair_share.new_ticket(
+                session, self._settings, message, requested, user=user, chat_characters=chat_characters
+            )
+            message.scheduling = ticket.model_dump(mode="json")
+            session.add(message)
+            tickets.append(ticket)
         if chat is not None:
-            chat.modified_at = message.enqueued_at or utcnow()
-            chat.active_thread_tail_message_id = message.id
+            chat.modified_at = messages[-1].enqueued_at or utcnow()
+            chat.active_thread_tail_message_id = messages[-1].id
             session.add(chat)
         known = (parent,) if parent is not None else ()
-        handed = await self._handoff.try_hand_over(session, message, ticket, known) if self._handoff else None
-        if handed is not None:
-            try:
-                await session.commit()
-            except BaseException:
-                await handed.committed(False)
-                raise
-            await handed.committed(True)
-            logger.info("message {} ({}) handed to a worker for user {}", message.id, message.kind, user.id)
-            return message
-        await session.commit()
+        handed: list[HandedOver] = []
+        queued: set[str] = set()
+        for message, ticket in zip(messages, tickets, strict=True):
+            if self._handoff is not None:
+                try:
+                    handover = await self._handoff.try_hand_over(session, message, ticket, known)
+                except BaseException:
+                    for earlier in handed:
+                        await earlier.committed(False)
+                    raise
+                if handover is not None:
+                    handed.append(handover)
+                    continue
+            queued.add(message.id)
+        try:
+            await session.commit()
+        except BaseException:
+            for handover in handed:
+                await handover.committed(False)
+            raise
+        for handover in handed:
+            await handover.committed(True)
+        for message in messages:
+            if message.id in queued:
+                await self._queue(message)
+            logger.info(
+                "message {} ({}, {}) {} for user {}",
+                message.id,
+                message.kind,
+                message.model_config_name,
+                "queued" if message.id in queued else "handed to a worker",
+                user.id,
+            )
+        return list(messages)
+
+    async def _queue(self, message: DbMessage) -> None:
         try:
             await self._lifecycle.enqueue(message)
         except Exception as exc:
             # The message is safely pending in the database; the recovery loop queues it.
             logger.opt(exception=exc).error("could not queue message {}", message.id)
-        logger.info(
-            "message {} ({}, {}) queued for user {}",
-            message.id,
-            message.kind,
-            message.model_config_name,
-            user.id,
-        )
-        return message
 
     async def answer_in_chat(
         self,
@@ -149,7 +196,8 @@ class SubmissionService:
         parent = await get_parent_message(session, chat, request.parent_id)
         if parent.role != Role.prompter:
             raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
-        return await self._answer(session, user, chat, parent, request, requested)
+        async with self.turns.turn(user.id):
+            return await self._answer(session, user, chat, parent, request, requested)
 
     async def turn_in_chat(
         self,
@@ -166,17 +214,21 @@ class SubmissionService:
         if not request.content.strip():
             raise InvalidValue("empty_message", "the message is empty")
         check_message_length(self._settings, request.content)
-        size = await check_chat_capacity(session, self._settings, chat.id)
-        prompt = await stage_prompter_message(session, chat, request.parent_id, request.content, size=size)
-        # The chat as the answer finds it: counted above, plus the prompt (no second count).
-        with_prompt = ChatSize(size.messages + 1, size.characters + len(request.content))
-        try:
-            answer = await self._answer(
-                session, user, chat, prompt, request, requested, answer_id, chat_size=with_prompt
+        # The turn before the staged prompt's write (see admission.user_turns).
+        async with self.turns.turn(user.id):
+            size = await check_chat_capacity(session, self._settings, chat.id)
+            prompt = await stage_prompter_message(
+                session, chat, request.parent_id, request.content, size=size
             )
-        except BaseException:
-            await session.rollback()
-            raise
+            # The chat as the answer finds it: counted above, plus the prompt (no second count).
+            with_prompt = ChatSize(size.messages + 1, size.characters + len(request.content))
+            try:
+                answer = await self._answer(
+                    session, user, chat, prompt, request, requested, answer_id, chat_size=with_prompt
+                )
+            except BaseException:
+                await session.rollback()
+                raise
         return prompt, answer
 
     async def _answer(
@@ -205,15 +257,16 @@ class SubmissionService:
             system_prompt=request.system_prompt,
             enqueued_at=utcnow(),
         )
-        return await self.submit(
+        (submitted,) = await self.submit(
             session,
-            message,
+            [message],
             user,
             requested,
             chat=chat,
             chat_characters=size.characters if size else None,
             parent=parent,
         )
+        return submitted
 
     async def _chat_model(self, name: str) -> LiveModel:
         """The live model ``name``: ``InvalidRequest`` if unknown, ``ServiceUnavailable`` if no worker
