@@ -11,6 +11,8 @@ from oasst_shared.sampling import SamplingParameters
 ChatTemplateSource = Literal["backend", "inline", "chatml"]
 Quantization = Literal["none", "q4_0", "q4_1", "q5_k_m", "q8_0", "int8", "int4", "awq", "gptq", "fp8"]
 ModelKind = Literal["generation", "embedding"]
+# What the chat API does with a newest message that, with the system prompt, is over the input limit.
+ChatPromptOverflow = Literal["cut", "refuse"]
 
 
 class ParameterConfig(BaseModel):
@@ -27,7 +29,9 @@ class ModelConfig(BaseModel):
     """One servable model. ``name`` is what clients ask for; ``model_id`` is what the backend loads.
 
     Lengths are in tokens. ``max_input_length`` bounds the rendered prompt (older turns are dropped
-    to fit); ``max_total_length`` bounds prompt plus answer, and so caps ``max_new_tokens``.
+    to fit); ``max_total_length`` bounds prompt plus answer, and so caps ``max_new_tokens``. A newest
+    message that does not fit with the system prompt even alone is cut from the left on the chat API
+    (``chat_prompt_overflow``) and refused on the OpenAI-compatible API (``context_length_exceeded``).
     """
 
     model_config = ConfigDict(protected_namespaces=())
@@ -48,6 +52,13 @@ class ModelConfig(BaseModel):
     )
     max_total_length: int = Field(
         default=2048, ge=32, description="Tokens of prompt plus answer; caps `max_new_tokens`."
+    )
+    chat_prompt_overflow: ChatPromptOverflow = Field(
+        "cut",
+        description="The chat API, when the newest message and the system prompt alone are over "
+        "`max_input_length`: `cut` drops the start of the message until they fit (as the original "
+        "Open-Assistant server cut prompts from the left); `refuse` refuses the answer at submission "
+        "(400 `context_length_exceeded`, with both numbers). The OpenAI-compatible API always refuses.",
     )
     quantization: Quantization = Field(
         "none", description="The weights' quantization, for users and operators."

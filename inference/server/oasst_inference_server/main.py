@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from loguru import logger
 
+from oasst_inference_server.admission.prompt_fit import PromptFit
 from oasst_inference_server.api.edge_guard import EdgeGuard
 from oasst_inference_server.api.error_handlers import install_error_handlers
 from oasst_inference_server.api.responses import document_errors
@@ -37,6 +38,7 @@ from oasst_inference_server.dispatch.compliance_store import ComplianceRecorder
 from oasst_inference_server.dispatch.dispatcher import Dispatchers
 from oasst_inference_server.dispatch.handoff import Handoff
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.dispatch.prompt_sizes import PromptSizes
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
 from oasst_inference_server.openai_api.openai_service import OpenAIService
@@ -90,7 +92,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         checker_task = asyncio.create_task(checker.run(), name="compliance checks")
         handoff = Handoff(app.state.dispatchers, broker, settings) if settings.hand_over_at_once else None
-        app.state.submission = SubmissionService(settings, app.state.lifecycle, app.state.registry, handoff)
+        # Prompts are sized by the workers of this process that count (the model's own tokenizer).
+        prompt_fit = PromptFit(PromptSizes(app.state.dispatchers, timeout=settings.prompt_count_timeout))
+        app.state.submission = SubmissionService(
+            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit
+        )
         app.state.openai_service = OpenAIService(
             settings, session_factory, fanout, app.state.lifecycle, app.state.registry, app.state.submission
         )

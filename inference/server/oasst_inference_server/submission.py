@@ -30,6 +30,7 @@ from oasst_inference_server.admission.limits import (
     check_message_length,
     check_queue_capacity,
 )
+from oasst_inference_server.admission.prompt_fit import PromptFit
 from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.admission.request_bounds import check_system_prompt
 from oasst_inference_server.admission.user_turns import UserTurns
@@ -62,11 +63,14 @@ class SubmissionService:
         lifecycle: MessageLifecycle,
         registry: WorkerRegistry,
         handoff: Handoff | None = None,
+        prompt_fit: PromptFit | None = None,
     ) -> None:
         self._settings = settings
         self._lifecycle = lifecycle
         self._registry = registry
         self._handoff = handoff
+        # Without it (tests of other parts), prompts are not sized at submission.
+        self.prompt_fit = prompt_fit
         # SQLite cannot lock the user's row: admission takes turns per user in this one process.
         self.turns = UserTurns(enabled=settings.is_sqlite)
 
@@ -196,8 +200,9 @@ class SubmissionService:
         parent = await get_parent_message(session, chat, request.parent_id)
         if parent.role != Role.prompter:
             raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
+        model = await self._answer_model(request, parent.content or "")
         async with self.turns.turn(user.id):
-            return await self._answer(session, user, chat, parent, request, requested)
+            return await self._answer(session, user, chat, parent, request, requested, model)
 
     async def turn_in_chat(
         self,
@@ -214,6 +219,7 @@ class SubmissionService:
         if not request.content.strip():
             raise InvalidValue("empty_message", "the message is empty")
         check_message_length(self._settings, request.content)
+        model = await self._answer_model(request, request.content)
         # The turn before the staged prompt's write (see admission.user_turns).
         async with self.turns.turn(user.id):
             size = await check_chat_capacity(session, self._settings, chat.id)
@@ -224,12 +230,24 @@ class SubmissionService:
             with_prompt = ChatSize(size.messages + 1, size.characters + len(request.content))
             try:
                 answer = await self._answer(
-                    session, user, chat, prompt, request, requested, answer_id, chat_size=with_prompt
+                    session, user, chat, prompt, request, requested, model, answer_id, chat_size=with_prompt
                 )
             except BaseException:
                 await session.rollback()
                 raise
         return prompt, answer
+
+    async def _answer_model(
+        self, request: CreateAssistantMessageRequest | CreateTurnRequest, newest: str
+    ) -> LiveModel:
+        """The model of an answer to ``newest``, once the request is known to be one it can serve: its
+        workers' capabilities, the system prompt's length, the prompt's size in the model's tokens."""
+        model = await self._chat_model(request.model_config_name)
+        check_capabilities(request.sampling_parameters, model)
+        check_system_prompt(self._settings, request.system_prompt)
+        if self.prompt_fit is not None:
+            await self.prompt_fit.check_chat_answer(model, request.system_prompt, newest)
+        return model
 
     async def _answer(
         self,
@@ -239,12 +257,10 @@ class SubmissionService:
         parent: DbMessage,
         request: CreateAssistantMessageRequest | CreateTurnRequest,
         requested: SchedulingRequest,
+        model: LiveModel,
         message_id: str | None = None,
         chat_size: ChatSize | None = None,
     ) -> DbMessage:
-        model = await self._chat_model(request.model_config_name)
-        check_capabilities(request.sampling_parameters, model)
-        check_system_prompt(self._settings, request.system_prompt)
         size = await self.admit(session, user.id, model.config.name, chat_id=chat.id, chat_size=chat_size)
         message = DbMessage(
             id=message_id or new_id(),

@@ -74,6 +74,13 @@ class WorkerSettings(BaseSettings):
         default=None, description="A full ModelConfig as JSON, for models not built into oasst_shared."
     )
     max_parallel_requests: int = Field(default=2, ge=1, le=256, description="Jobs this worker runs at once.")
+    answer_tokenize: bool = Field(
+        default=True,
+        description="Answer the server's requests to count prompts with the backend's tokenizer (so a "
+        "prompt too long for the model is refused or cut at submission). Off for a backend that a second "
+        "request disturbs: llama-cpp-python's server ends an open stream when another request arrives, "
+        "unless it runs with `--interrupt_requests false`",
+    )
     backend_token_timeout: float = Field(default=30.0, gt=0, description="Seconds without a token: a stall")
     backend_generation_timeout: float = Field(default=900.0, gt=0, description="Bound on one generation")
     backend_health_interval: float = Field(

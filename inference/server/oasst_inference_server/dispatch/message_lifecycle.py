@@ -256,6 +256,7 @@ class MessageLifecycle:
         max_input_tokens: int | None = None,
         max_new_tokens: int | None = None,
         protocol_version: int = PROTOCOL_VERSION,
+        cut_chat_prompts: bool = False,
     ) -> AsyncIterator[Claimed | None]:
         """Take a pending message for a worker session: the claim is made when the block starts (None:
         someone else has it) and committed when it ends, or rolled back if the block raises. Until the
@@ -266,7 +267,9 @@ class MessageLifecycle:
         (one statement on Postgres, :mod:`.claim`). The conversation is cut to ``max_input_tokens`` (the
         worker's model's input budget) first. ``max_new_tokens`` (the message's, as its ticket says)
         lets the UPDATE set the generation deadline too; without it, or if the message asks for another
-        number, a second UPDATE sets it. The frame is built for a worker speaking ``protocol_version``.
+        number, a second UPDATE sets it. The frame is built for a worker speaking ``protocol_version``;
+        ``cut_chat_prompts`` (its model config's ``chat_prompt_overflow``) has a chat answer's work ask
+        the worker to cut a newest turn too long for the model.
         Raises :class:`UnsendableMessage` (the claim rolled back) for a message no frame can carry.
         """
         now = utcnow()
@@ -284,7 +287,7 @@ class MessageLifecycle:
                 yield None
                 return
             try:
-                claimed = _claimed(taken, max_input_tokens, protocol_version)
+                claimed = _claimed(taken, max_input_tokens, protocol_version, cut_chat_prompts)
             except UnsendableMessage:
                 await session.rollback()
                 raise
@@ -311,6 +314,7 @@ class MessageLifecycle:
         max_input_tokens: int | None = None,
         protocol_version: int = PROTOCOL_VERSION,
         known: Sequence[DbMessage] = (),
+        cut_chat_prompts: bool = False,
     ) -> Claimed | None:
         """Claim ``message``, pending in ``session`` and not yet written, for a worker session: its claim's
         values are set on it (the caller's commit writes them with the insert) and its frame is built from
@@ -326,7 +330,7 @@ class MessageLifecycle:
         message.lease_deadline = now + timedelta(seconds=self._settings.lease_seconds)
         message.started_at = now
         try:
-            claimed = _claimed(Taken(message, chat), max_input_tokens, protocol_version)
+            claimed = _claimed(Taken(message, chat), max_input_tokens, protocol_version, cut_chat_prompts)
         except UnsendableMessage:
             self.unclaim_unsaved(message)
             return None
@@ -592,11 +596,13 @@ class MessageLifecycle:
             return await session.get(DbMessage, message_id)
 
 
-def _claimed(taken: Taken, max_input_tokens: int | None, protocol_version: int) -> Claimed:
+def _claimed(
+    taken: Taken, max_input_tokens: int | None, protocol_version: int, cut_chat_prompts: bool = False
+) -> Claimed:
     """The work frame of a claimed message, serialized for ``protocol_version``; raises
     :class:`UnsendableMessage` if no frame can carry it."""
     try:
-        work = _work_frame(taken, max_input_tokens)
+        work = _work_frame(taken, max_input_tokens, cut_chat_prompts)
     except (ValidationError, ValueError) as exc:
         raise UnsendableMessage(f"the conversation cannot be sent to a worker: {_first_error(exc)}") from None
     frame = dump_work(work, protocol_version) if isinstance(work, Work) else dump_frame(work)
@@ -608,7 +614,9 @@ def _claimed(taken: Taken, max_input_tokens: int | None, protocol_version: int) 
     return Claimed(work, frame)
 
 
-def _work_frame(taken: Taken, max_input_tokens: int | None = None) -> Work | EmbedWork:
+def _work_frame(
+    taken: Taken, max_input_tokens: int | None = None, cut_chat_prompts: bool = False
+) -> Work | EmbedWork:
     message = taken.message
     payload = message.request_payload or {}
     if message.kind == "embedding":
@@ -640,6 +648,8 @@ def _work_frame(taken: Taken, max_input_tokens: int | None = None) -> Work | Emb
         sampling_parameters=SamplingParameters.model_validate(message.sampling_parameters or {}),
         raw_prompt=raw_prompt,
         attempt=message.attempts,
+        # Only the chat API cuts a newest turn the model cannot take; /v1 refused it at submission.
+        cut_newest_turn=cut_chat_prompts and message.kind == "chat",
     )
 
 

@@ -159,7 +159,13 @@ class OpenAIService:
         tool_choice: ToolChoice | None = None,
     ) -> list[DbMessage]:
         """One message per choice (each with its sampling), admitted together: the caller's limits, as
-        on the chat API, count every one."""
+        on the chat API, count every one. First the prompt must fit the model (``InvalidRequest``
+        ``context_length_exceeded`` if the system prompt and the last message alone do not)."""
+        if self._submission.prompt_fit is not None:
+            offered = tools if tool_choice != "none" else None
+            await self._submission.prompt_fit.check_chat_completion(
+                model, system_prompt, thread, offered, tool_choice if offered else None
+            )
         payload: dict[str, Any] = {"thread": [t.model_dump(mode="json", exclude_none=True) for t in thread]}
         if tools:
             payload["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in tools]
@@ -182,6 +188,9 @@ class OpenAIService:
         choices: Sequence[SamplingParameters],
         prompt: str,
     ) -> list[DbMessage]:
+        """As :meth:`submit_chat`, for a raw prompt, which must fit the model whole."""
+        if self._submission.prompt_fit is not None:
+            await self._submission.prompt_fit.check_completion(model, prompt)
         messages = [
             self._new_message(caller, "completion", model, sampling, {"raw_prompt": prompt})
             for sampling in choices

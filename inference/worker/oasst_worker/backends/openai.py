@@ -36,6 +36,7 @@ from oasst_worker.backends.openai_wire import (
     ChunkLogprobs,
     ChunkUsage,
     CompletionChunk,
+    DetokenizeAnswer,
     ErrorBody,
     ServedModelList,
     TokenizeAnswer,
@@ -56,6 +57,12 @@ _TOKENIZE_PROBES: tuple[tuple[str, str], ...] = (
     ("/tokenize", "content"),  # llama.cpp server -> {"tokens"}
     ("/extras/tokenize/count", "input"),  # llama-cpp-python -> {"count"}
     ("/extras/tokenize", "input"),  # older llama-cpp-python -> {"tokens"}
+)
+# The endpoints that list the token ids (llama-cpp-python's count endpoint does not).
+_TOKEN_IDS_PROBES = tuple(probe for probe in _TOKENIZE_PROBES if probe[0] != "/extras/tokenize/count")
+_DETOKENIZE_PROBES: tuple[str, ...] = (
+    "/detokenize",  # vLLM -> {"prompt"}, the llama.cpp server -> {"content"}
+    "/extras/detokenize",  # llama-cpp-python -> {"text"}
 )
 
 T = TypeVar("T")
@@ -223,6 +230,9 @@ class OpenAiBackend(GenerationBackend):
         self._health_path: str | None = None
         self._tokenize_probe: int | None = None
         self._tokenize_unsupported = False
+        # Which of _TOKEN_IDS_PROBES and _DETOKENIZE_PROBES answered (-1: none does).
+        self._ids_probe: int | None = None
+        self._detokenize_probe: int | None = None
         self._warned_auth = False
 
     # ------------------------------------------------------------ metadata
@@ -286,6 +296,45 @@ class OpenAiBackend(GenerationBackend):
         if self._tokenize_probe is None:
             logger.info("the backend has no tokenize endpoint: prompt lengths are estimated")
             self._tokenize_unsupported = True
+        return None
+
+    async def token_ids(self, text: str) -> list[int] | None:
+        if self._ids_probe == -1:
+            return None
+        probes = [self._ids_probe] if self._ids_probe is not None else range(len(_TOKEN_IDS_PROBES))
+        for index in probes:
+            path, field = _TOKEN_IDS_PROBES[index]
+            try:
+                response = await self._http.post(path, json={"model": self._model, field: text})
+            except httpx.HTTPError:
+                return None
+            ids = _answer(response, TokenizeAnswer)
+            if ids is not None and ids.ids is not None:
+                self._ids_probe = index
+                return ids.ids
+        if self._ids_probe is None:
+            self._ids_probe = -1
+        return None
+
+    async def detokenize(self, token_ids: list[int]) -> str | None:
+        if self._detokenize_probe == -1:
+            return None
+        probes = (
+            [self._detokenize_probe] if self._detokenize_probe is not None else range(len(_DETOKENIZE_PROBES))
+        )
+        for index in probes:
+            try:
+                response = await self._http.post(
+                    _DETOKENIZE_PROBES[index], json={"model": self._model, "tokens": token_ids}
+                )
+            except httpx.HTTPError:
+                return None
+            answer = _answer(response, DetokenizeAnswer)
+            if answer is not None and answer.detokenized is not None:
+                self._detokenize_probe = index
+                return answer.detokenized
+        if self._detokenize_probe is None:
+            self._detokenize_probe = -1
         return None
 
     # ------------------------------------------------------------ generation
@@ -406,10 +455,19 @@ class OpenAiBackend(GenerationBackend):
 
 
 def _token_count(response: httpx.Response) -> int | None:
+    answer = _answer(response, TokenizeAnswer)
+    return answer.token_count if answer is not None else None
+
+
+R = TypeVar("R", TokenizeAnswer, DetokenizeAnswer)
+
+
+def _answer(response: httpx.Response, reader: type[R]) -> R | None:
+    """A 200's body as ``reader`` reads it; None for any other answer."""
     if response.status_code != 200:
         return None
     try:
-        return TokenizeAnswer.model_validate_json(response.content).token_count
+        return reader.model_validate_json(response.content)
     except ValidationError:  # not JSON, or not an object
         return None
 

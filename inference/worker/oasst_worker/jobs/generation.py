@@ -41,6 +41,7 @@ from oasst_worker.backends.records import BackendError, BackendInfo, GenerationR
 from oasst_worker.jobs.base import Send, WrongKindOfWork, backend_failure
 from oasst_worker.prompt_tokens import PromptCount
 from oasst_worker.prompting import PromptBuilder
+from oasst_worker.tokenizing import PromptTokenizer
 
 _CANCELLED_COUNT_WAIT = 1.0  # seconds
 
@@ -53,6 +54,7 @@ class GenerationJobFactory:
         self.model_config = model_config
         self._prompts = PromptBuilder(model_config, backend)
         self.backend_info: BackendInfo | None = None
+        self.tokenizer: PromptTokenizer | None = PromptTokenizer(self._prompts, backend)
 
     async def prepare(self) -> None:
         await self._prompts.prepare()
