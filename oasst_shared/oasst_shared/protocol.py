@@ -567,7 +567,8 @@ class Ping(_Frame):
 class Tokenize(_Frame):
     """Tokenize each input with the worker's backend (protocol 4; workers reporting the ``tokenize``
     capability). Answered by one :class:`Tokenized` with the same ``request_id``. The server counts
-    prompts with it before it queues them; it serves a ``/tokenize`` API too (``counts_only`` false)."""
+    prompts with it before it queues them; with ``counts_only`` false the answer lists the token ids
+    too, as a ``/tokenize`` API (vLLM's) answers."""
 
     type: Literal["tokenize"] = "tokenize"
     request_id: MessageId = Field(description="Echoed in the answer.")
