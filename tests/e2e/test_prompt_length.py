@@ -5,7 +5,9 @@ input limit of 1,536 tokens), counted with the model's own tokenizer before anyt
   tokens, as the CPU backend's tokenizer counts the prompt the worker would render, and the limit;
 * the chat API: a message too long is cut from the left on the worker and answered (SmolLM2's config,
   ``chat_prompt_overflow: cut``), or refused at submission with the numbers (a model config that says
-  ``refuse``, here a second worker in front of the same backend).
+  ``refuse``, here a second worker in front of the same backend);
+* with two replicas (Postgres, Redis), a replica with no worker of the model has a worker of the other
+  count the prompt, through the broker.
 """
 
 from __future__ import annotations
@@ -23,8 +25,16 @@ from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import ChatTurn
 from tests.e2e.chat_api import ChatApi
 from tests.openai_api.conftest import new_user
-from tests.support.processes import wait_for_model
-from tests.support.stacks import MODEL_NAME, BackendProcess, Stack, start_stack
+from tests.support.processes import start_process, wait_for_model
+from tests.support.services import fresh_database, fresh_redis_prefix
+from tests.support.stacks import (
+    MODEL_NAME,
+    WORKER_API_KEY,
+    BackendProcess,
+    Stack,
+    start_replicas,
+    start_stack,
+)
 
 pytestmark = pytest.mark.slow
 
@@ -151,3 +161,41 @@ def test_the_chat_api_refuses_at_submission_when_the_model_config_says_so(stack:
         json={"content": LONG, "model_config_name": MODEL_NAME, "sampling_parameters": {"max_new_tokens": 1}},
     ) as accepted:
         assert accepted.status_code == 200
+
+
+@pytest.mark.postgres
+@pytest.mark.redis
+def test_a_replica_without_a_worker_has_one_of_another_replica_count(
+    cpu_backend: BackendProcess, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    log_dir = tmp_path_factory.mktemp("prompt-length-replicas")
+    with fresh_database("oasst_prompt_replicas") as database, fresh_redis_prefix("prompt-replicas") as prefix:
+        started = start_replicas(log_dir, database, prefix, ("counting", "asking"))
+        processes = [process for _, process in started]
+        try:
+            (counting, _), (asking, _) = started
+            processes.append(
+                start_process(
+                    "worker",
+                    "oasst_worker",
+                    {
+                        "OASST_WORKER_SERVER_URL": counting.replace("http://", "ws://", 1),
+                        "OASST_WORKER_API_KEY": WORKER_API_KEY,
+                        "OASST_WORKER_BACKEND_URL": cpu_backend.url,
+                    },
+                    log_dir,
+                )
+            )
+            wait_for_model(asking, MODEL_NAME, timeout=90)
+            tokens = backend_count(cpu_backend.url, rendered(cpu_backend.url, LONG))
+            for url in (asking, counting):  # the asking replica first: nothing is remembered yet
+                stack = Stack(url, MODEL_NAME, processes[0], [], log_dir, {}, cpu_backend.url)
+                with pytest.raises(openai.BadRequestError) as refused:
+                    new_user(stack).client().chat.completions.create(
+                        model=MODEL_NAME, messages=[{"role": "user", "content": LONG}], max_tokens=8
+                    )
+                assert refused.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+                assert f"resulted in {tokens} tokens" in refused.value.body["message"]  # type: ignore[index]
+        finally:
+            for process in processes:
+                process.stop()

@@ -10,25 +10,31 @@ again (its ``prompt_bytes`` less the turns' text), the larger kept. A prompt who
 limit fits and needs no count; only a longer one is counted, once: the counts are kept per model in an
 LRU of the input's digest.
 
-Only workers of this process are asked (their sockets are here), those that said they count. When none
-does or none answers within ``timeout``, the size is unknown (None) and the caller decides.
+The workers of this process that said they count are asked first; when none is here, a counting worker
+of another replica is asked through the broker (:mod:`.remote_questions`). When none counts or none
+answers within ``timeout``, the size is unknown (None) and the caller decides.
 
 May import dispatch, settings; not api, openai_api, submission or admission.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import random
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
 from loguru import logger
 
+from oasst_inference_server.broker import BrokerError
+from oasst_inference_server.broker.session_view import WorkerSessionView
 from oasst_inference_server.dispatch.dispatcher import Dispatchers
+from oasst_inference_server.dispatch.remote_questions import RemoteQuestions
 from oasst_inference_server.dispatch.worker_calls import CallFailed, WorkerCalls
-from oasst_shared.protocol import Tokenize, Tokenized, TokenizeInput
+from oasst_shared.protocol import Detokenized, Tokenize, Tokenized, TokenizeInput
 from oasst_shared.token_bounds import ADDED_TOKENS, utf8_bytes
 
 DEFAULT_CACHE_SIZE = 10_000
@@ -56,9 +62,17 @@ class PromptSize:
 
 class PromptSizes:
     def __init__(
-        self, dispatchers: Dispatchers, *, timeout: float, cache_size: int = DEFAULT_CACHE_SIZE
+        self,
+        dispatchers: Dispatchers,
+        *,
+        timeout: float,
+        cache_size: int = DEFAULT_CACHE_SIZE,
+        sessions: WorkerSessionView | None = None,
+        remote: RemoteQuestions | None = None,
     ) -> None:
         self._dispatchers = dispatchers
+        self._sessions = sessions
+        self._remote = remote
         self._timeout = timeout
         self._cache_size = cache_size
         self._counts: OrderedDict[tuple[str, bytes], int] = OrderedDict()
@@ -112,20 +126,49 @@ class PromptSizes:
 
     async def _ask(self, model: str, prompt: TokenizeInput) -> Tokenized | None:
         question = Tokenize(request_id=WorkerCalls.new_id(), inputs=[prompt])
-        for connection in self._counting_workers(model)[:2]:  # a second try if the first fails
+        askers: list[tuple[str, Callable[[], Awaitable[Tokenized | Detokenized]]]] = [
+            (c.session_id, functools.partial(c.tokenize, question, self._timeout))
+            for c in self._counting_workers(model)[:2]  # a second try if the first fails
+        ]
+        if not askers and self._remote is not None:
+            remote = self._remote
+            askers = [
+                (session_id, functools.partial(remote.ask, session_id, question, self._timeout))
+                for session_id in await self._remote_workers(model)
+            ]
+        for session_id, ask in askers:
             self.asked += 1
             try:
-                answer = await connection.tokenize(question, self._timeout)
+                answer = await ask()
             except CallFailed as exc:
-                logger.warning("worker {} could not count a prompt: {}", connection.session_id, exc)
+                logger.warning("worker {} could not count a prompt: {}", session_id, exc)
                 continue
-            if len(answer.counts) != 1:
-                logger.warning(
-                    "worker {} answered {} counts for one", connection.session_id, len(answer.counts)
-                )
+            if not isinstance(answer, Tokenized) or len(answer.counts) != 1:
+                logger.warning("worker {} answered no count for one prompt", session_id)
                 continue
             return answer
         return None
+
+    async def _remote_workers(self, model: str) -> list[str]:
+        """One counting worker of ``model`` connected to another replica (from the broker's sessions),
+        chosen at random so that the replicas' questions spread over them; none if there is none."""
+        if self._sessions is None:
+            return []
+        try:
+            sessions = (await self._sessions.snapshot()).sessions
+        except BrokerError:
+            return []
+        here = self._dispatchers.by_model.get(model)
+        local = set(here.workers) if here is not None else set()
+        able = [
+            session_id
+            for session_id, session in sessions.items()
+            if session.model_config_.name == model
+            and session.capabilities.tokenize
+            and not session.draining
+            and session_id not in local
+        ]
+        return random.sample(able, 1) if able else []
 
     def _counting_workers(self, model: str) -> Sequence[CountsTokens]:
         """The workers of this process that count for ``model``, the least busy with questions first."""

@@ -7,7 +7,8 @@ Five tasks run per connection and the first to end ends them all:
 * the relay     - writes the tokens ``_receive`` hands it to the broker in batches (:mod:`.token_relay`);
 * ``_dispatch`` - claims and sends the jobs its model's dispatcher (:mod:`.dispatcher`) assigns it;
 * ``_ping``     - pings; a worker silent past ``worker_ping_timeout`` is disconnected;
-* ``_commands`` - forwards commands (cancel) that any replica published for this session.
+* ``_commands`` - forwards commands (cancel) that any replica published for this session, and has the
+  worker answer other replicas' questions (:mod:`.remote_questions`).
 
 Faults stay as small as their cause: a message that cannot be sent or whose frames are refused fails
 alone; a database or broker outage is waited out (each step is retried) and never closes the socket.
@@ -46,6 +47,7 @@ from oasst_inference_server.dispatch.compliance_store import (
 )
 from oasst_inference_server.dispatch.dispatcher import ModelDispatcher
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, UnsendableMessage
+from oasst_inference_server.dispatch.remote_questions import answer_question, is_question
 from oasst_inference_server.dispatch.token_relay import TokenRelay
 from oasst_inference_server.dispatch.trust import WorkerTrust
 from oasst_inference_server.dispatch.worker_calls import WorkerCalls
@@ -704,6 +706,11 @@ class WorkerConnection:
                     raise _ConnectionClosed(CLOSE_UNAUTHORIZED, "the worker's API key was revoked or changed")
                 if data == FLAG_COMMAND:
                     await self.flag("its key was flagged on another replica")
+                    continue
+                if is_question(data):  # another replica asks this worker to count: answered aside
+                    task = asyncio.create_task(answer_question(self.calls, self._broker, data))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
                     continue
                 try:
                     frame = parse_server_frame(data)
