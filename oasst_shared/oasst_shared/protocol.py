@@ -459,7 +459,7 @@ class Detokenized(_Frame):
     )
 
 
-WorkerFrame = Annotated[
+AnyWorkerFrame = (
     WorkerInfo
     | Pong
     | Token
@@ -469,9 +469,9 @@ WorkerFrame = Annotated[
     | WorkerError
     | Drain
     | Tokenized
-    | Detokenized,
-    Field(discriminator="type"),
-]
+    | Detokenized
+)
+WorkerFrame = Annotated[AnyWorkerFrame, Field(discriminator="type")]
 
 # ---------------------------------------------------------------- server -> worker
 
@@ -598,37 +598,21 @@ class UpgradeRequired(_Frame):
     detail: str = Field(description="What to upgrade, in words.")
 
 
-ServerFrame = Annotated[
-    Work | EmbedWork | Cancel | Ping | UpgradeRequired | Tokenize | Detokenize, Field(discriminator="type")
-]
+AnyServerFrame = Work | EmbedWork | Cancel | Ping | UpgradeRequired | Tokenize | Detokenize
+ServerFrame = Annotated[AnyServerFrame, Field(discriminator="type")]
 
 _worker_frame_adapter: TypeAdapter[WorkerFrame] = TypeAdapter(WorkerFrame)
 _server_frame_adapter: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
 
 
-def parse_worker_frame(
-    data: str | bytes,
-) -> (
-    WorkerInfo
-    | Pong
-    | Token
-    | TokenBatch
-    | GeneratedText
-    | Embeddings
-    | WorkerError
-    | Drain
-    | Tokenized
-    | Detokenized
-):
+def parse_worker_frame(data: str | bytes) -> AnyWorkerFrame:
     try:
         return _worker_frame_adapter.validate_json(data)
     except ValidationError as exc:
         raise ProtocolError(_short_error(exc)) from None
 
 
-def parse_server_frame(
-    data: str | bytes,
-) -> Work | EmbedWork | Cancel | Ping | UpgradeRequired | Tokenize | Detokenize:
+def parse_server_frame(data: str | bytes) -> AnyServerFrame:
     try:
         return _server_frame_adapter.validate_json(data)
     except ValidationError as exc:

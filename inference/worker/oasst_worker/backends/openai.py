@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -66,6 +66,8 @@ _DETOKENIZE_PROBES: tuple[str, ...] = (
 )
 
 T = TypeVar("T")
+V = TypeVar("V")
+R = TypeVar("R", TokenizeAnswer, DetokenizeAnswer)
 
 
 def openai_parameters(
@@ -230,9 +232,8 @@ class OpenAiBackend(GenerationBackend):
         self._health_path: str | None = None
         self._tokenize_probe: int | None = None
         self._tokenize_unsupported = False
-        # Which of _TOKEN_IDS_PROBES and _DETOKENIZE_PROBES answered (-1: none does).
-        self._ids_probe: int | None = None
-        self._detokenize_probe: int | None = None
+        # Per kind ("ids", "detokenize"): which of its probes answered (-1: none does).
+        self._probes: dict[str, int] = {}
         self._warned_auth = False
 
     # ------------------------------------------------------------ metadata
@@ -299,42 +300,36 @@ class OpenAiBackend(GenerationBackend):
         return None
 
     async def token_ids(self, text: str) -> list[int] | None:
-        if self._ids_probe == -1:
-            return None
-        probes = [self._ids_probe] if self._ids_probe is not None else range(len(_TOKEN_IDS_PROBES))
-        for index in probes:
-            path, field = _TOKEN_IDS_PROBES[index]
-            try:
-                response = await self._http.post(path, json={"model": self._model, field: text})
-            except httpx.HTTPError:
-                return None
-            ids = _answer(response, TokenizeAnswer)
-            if ids is not None and ids.ids is not None:
-                self._ids_probe = index
-                return ids.ids
-        if self._ids_probe is None:
-            self._ids_probe = -1
-        return None
+        requests = [(path, {"model": self._model, field: text}) for path, field in _TOKEN_IDS_PROBES]
+        return await self._probed("ids", requests, _ids_of)
 
     async def detokenize(self, token_ids: list[int]) -> str | None:
-        if self._detokenize_probe == -1:
+        requests = [(path, {"model": self._model, "tokens": token_ids}) for path in _DETOKENIZE_PROBES]
+        return await self._probed("detokenize", requests, _text_of)
+
+    async def _probed(
+        self,
+        kind: str,
+        requests: list[tuple[str, dict[str, Any]]],
+        read: Callable[[httpx.Response], V | None],
+    ) -> V | None:
+        """What ``read`` finds in the answer to the first of ``requests`` (path, body) that has it,
+        trying the one that answered before first; none is tried again once none answered."""
+        known = self._probes.get(kind)
+        if known == -1:
             return None
-        probes = (
-            [self._detokenize_probe] if self._detokenize_probe is not None else range(len(_DETOKENIZE_PROBES))
-        )
-        for index in probes:
+        for index in [known] if known is not None else range(len(requests)):
+            path, body = requests[index]
             try:
-                response = await self._http.post(
-                    _DETOKENIZE_PROBES[index], json={"model": self._model, "tokens": token_ids}
-                )
+                response = await self._http.post(path, json=body)
             except httpx.HTTPError:
                 return None
-            answer = _answer(response, DetokenizeAnswer)
-            if answer is not None and answer.detokenized is not None:
-                self._detokenize_probe = index
-                return answer.detokenized
-        if self._detokenize_probe is None:
-            self._detokenize_probe = -1
+            value = read(response)
+            if value is not None:
+                self._probes[kind] = index
+                return value
+        if known is None:
+            self._probes[kind] = -1
         return None
 
     # ------------------------------------------------------------ generation
@@ -459,7 +454,14 @@ def _token_count(response: httpx.Response) -> int | None:
     return answer.token_count if answer is not None else None
 
 
-R = TypeVar("R", TokenizeAnswer, DetokenizeAnswer)
+def _ids_of(response: httpx.Response) -> list[int] | None:
+    answer = _answer(response, TokenizeAnswer)
+    return answer.ids if answer is not None else None
+
+
+def _text_of(response: httpx.Response) -> str | None:
+    answer = _answer(response, DetokenizeAnswer)
+    return answer.detokenized if answer is not None else None
 
 
 def _answer(response: httpx.Response, reader: type[R]) -> R | None:
