@@ -8,7 +8,8 @@ plus what the model's chat template adds. That addition is the model's calibrati
 it (``prompt_overhead_bytes``, measured on their template) and every count a worker answers shows it
 again (its ``prompt_bytes`` less the turns' text), the larger kept. A prompt whose bound is within the
 limit fits and needs no count; only a longer one is counted, once: the counts are kept per model in an
-LRU of the input's digest.
+LRU of the input's digest. A count decides whether a request is refused, so trusted workers are asked
+first, flagged ones never, and an answer no tokenizer could give (more tokens than bytes) is not used.
 
 The workers of this process that said they count are asked first; when none is here, a counting worker
 of another replica is asked through the broker (:mod:`.remote_questions`). When none counts or none
@@ -33,11 +34,14 @@ from oasst_inference_server.broker import BrokerError
 from oasst_inference_server.broker.session_view import WorkerSessionView
 from oasst_inference_server.dispatch.dispatcher import Dispatchers
 from oasst_inference_server.dispatch.remote_questions import RemoteQuestions
+from oasst_inference_server.dispatch.trust import WorkerTrust
 from oasst_inference_server.dispatch.worker_calls import CallFailed, WorkerCalls
 from oasst_shared.protocol import Detokenized, Tokenize, Tokenized, TokenizeInput
 from oasst_shared.token_bounds import ADDED_TOKENS, utf8_bytes
 
 DEFAULT_CACHE_SIZE = 10_000
+# More than any chat template adds to a system prompt and one turn: a larger claim is not believed.
+MAX_TEMPLATE_BYTES = 65_536
 
 
 class CountsTokens(Protocol):
@@ -46,6 +50,7 @@ class CountsTokens(Protocol):
     session_id: str
     draining: bool
     calls: WorkerCalls
+    trust: WorkerTrust
 
     @property
     def tokenizes(self) -> bool: ...
@@ -143,9 +148,11 @@ class PromptSizes:
             except CallFailed as exc:
                 logger.warning("worker {} could not count a prompt: {}", session_id, exc)
                 continue
-            if not isinstance(answer, Tokenized) or len(answer.counts) != 1:
-                logger.warning("worker {} answered no count for one prompt", session_id)
+            problem = _implausible(prompt, answer)
+            if problem is not None:
+                logger.warning("worker {}'s count is not used: {}", session_id, problem)
                 continue
+            assert isinstance(answer, Tokenized)  # _implausible says so
             return answer
         return None
 
@@ -161,23 +168,45 @@ class PromptSizes:
         here = self._dispatchers.by_model.get(model)
         local = set(here.workers) if here is not None else set()
         able = [
-            session_id
+            (session_id, session.trusted)
             for session_id, session in sessions.items()
             if session.model_config_.name == model
             and session.capabilities.tokenize
             and not session.draining
+            and not session.flagged
             and session_id not in local
         ]
-        return random.sample(able, 1) if able else []
+        trusted = [session_id for session_id, is_trusted in able if is_trusted]
+        pool = trusted or [session_id for session_id, _ in able]
+        return random.sample(pool, 1) if pool else []
 
     def _counting_workers(self, model: str) -> Sequence[CountsTokens]:
-        """The workers of this process that count for ``model``, the least busy with questions first."""
+        """The workers of this process that count for ``model``: trusted ones first (a count decides
+        whether a request is refused), then the least busy with questions; never a flagged one."""
         dispatcher = self._dispatchers.by_model.get(model)
         if dispatcher is None:
             return []
         workers = [cast(CountsTokens, w) for w in dispatcher.workers.values()]
-        able = [w for w in workers if w.tokenizes and not w.draining]
-        return sorted(able, key=lambda w: w.calls.open_count)
+        able = [w for w in workers if w.tokenizes and not w.draining and not w.trust.flagged]
+        return sorted(able, key=lambda w: (not w.trust.trusted, w.calls.open_count))
+
+
+def _implausible(prompt: TokenizeInput, answer: Tokenized | Detokenized) -> str | None:
+    """Why a worker's answer to a count of ``prompt`` cannot be right, or None. No tokenizer makes more
+    tokens of a text than its bytes and a few; the text counted holds at least the prompt's own text (a
+    conversation's rendered prompt) or is exactly it (a text)."""
+    if not isinstance(answer, Tokenized) or len(answer.counts) != 1 or len(answer.prompt_bytes) != 1:
+        return "not one count and one size for one prompt"
+    (tokens,), (size,) = answer.counts, answer.prompt_bytes
+    text = utf8_bytes(prompt.text) if prompt.text is not None else None
+    if text is not None and size != text:
+        return f"it counted {size} bytes of a text of {text}"
+    least = _conversation_bytes(prompt)
+    if least is not None and not least <= size <= least + MAX_TEMPLATE_BYTES:
+        return f"it counted {size} bytes of a conversation whose text has {least}"
+    if tokens > size + ADDED_TOKENS:
+        return f"{tokens} tokens in {size} bytes"
+    return None
 
 
 def _conversation_bytes(prompt: TokenizeInput) -> int | None:

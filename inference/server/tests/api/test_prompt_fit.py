@@ -53,6 +53,7 @@ class CountingWorker:
         self.socket = socket
         self.silent = False
         self.malformed = False
+        self.lying = False  # counts no tokenizer could give: a token per byte, and 100 more
         self.seen = 0
 
     def frames(self, kind: str) -> list[dict[str, Any]]:
@@ -83,17 +84,21 @@ class CountingWorker:
             return
         items = [TokenizeInput.model_validate(item) for item in frame["inputs"]]
         sizes = [rendered_bytes(item) for item in items]
-        self.socket.say(
-            Tokenized(request_id=frame["request_id"], counts=[s // 4 + 1 for s in sizes], prompt_bytes=sizes)
-        )
+        counts = [s + 100 if self.lying else s // 4 + 1 for s in sizes]
+        self.socket.say(Tokenized(request_id=frame["request_id"], counts=counts, prompt_bytes=sizes))
 
 
 @contextlib.asynccontextmanager
 async def counting_worker(
-    app: Any, *, overhead: int | None = OVERHEAD, protocol_version: int = 4, **config: Any
+    app: Any,
+    *,
+    overhead: int | None = OVERHEAD,
+    protocol_version: int = 4,
+    model: str | None = None,
+    **config: Any,
 ) -> AsyncIterator[tuple[str, CountingWorker, WorkerConnection]]:
-    """A model of its own, served by one stand-in worker of this process that counts prompts."""
-    model = f"fit-{uuid.uuid4().hex[:8]}"
+    """A model of its own (or ``model``), served by a stand-in worker of this process that counts prompts."""
+    model = model or f"fit-{uuid.uuid4().hex[:8]}"
     config = {"max_input_length": LIMIT, "max_total_length": 512, **config}
     socket = StandInSocket()
     capabilities = WorkerCapabilities(tokenize=protocol_version >= 4, prompt_overhead_bytes=overhead)
@@ -111,7 +116,7 @@ async def counting_worker(
     worker = CountingWorker(socket)
     tasks = [asyncio.create_task(connection.run()), asyncio.create_task(worker.run())]
     try:
-        await until(lambda: dispatcher.waiting)
+        await until(lambda: connection.session_id in dispatcher.workers and dispatcher.waiting)
         await until(lambda: _live(app, model))
         yield model, worker, connection
     finally:
@@ -266,3 +271,32 @@ async def test_the_chat_api_cuts_a_long_message_on_the_worker_or_refuses_it_by_t
         assert ok.status_code == 200, ok.text
         await until(lambda: len(worker.frames("work")) == 1)
         assert worker.frames("work")[0]["cut_newest_turn"] is False
+
+
+async def test_a_count_comes_from_a_trusted_worker_first_and_an_impossible_one_is_not_used(
+    client, app, user: User
+) -> None:
+    async with counting_worker(app) as (model, liar, connection):
+        liar.lying = True
+        # Alone: its count (more tokens than bytes) is not believed; the request is admitted unchecked.
+        response = await client.post(
+            "/v1/completions", json={"model": model, "prompt": MEDIUM}, headers=user.headers
+        )
+        assert response.status_code == 200, response.text
+        assert len(liar.frames("tokenize")) == 1
+        # A trusted worker of the model joins: it is asked first, and its count refuses the long prompt.
+        async with counting_worker(app, model=model) as (_, honest, trusted):
+            trusted.trust.trusted = True
+            refused = await client.post(
+                "/v1/completions", json={"model": model, "prompt": LONG}, headers=user.headers
+            )
+            assert f"resulted in {utf8_bytes(LONG) // 4 + 1} tokens" in context_length_error(refused)
+            assert len(honest.frames("tokenize")) == 1 and len(liar.frames("tokenize")) == 1
+            # A flagged worker is never asked, trusted or not.
+            trusted.trust.flagged = True
+            other = LONG.replace("budget", "bridge")
+            refused = await client.post(
+                "/v1/completions", json={"model": model, "prompt": other}, headers=user.headers
+            )
+            assert refused.status_code == 200, refused.text  # the liar was asked instead: not believed
+            assert len(honest.frames("tokenize")) == 1 and len(liar.frames("tokenize")) == 2
