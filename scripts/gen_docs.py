@@ -319,6 +319,20 @@ def protocol_examples(p: types.ModuleType) -> dict[str, BaseModel]:
         "EmbedWork": p.EmbedWork(message_id=mid, model_config_name="all-MiniLM-L6-v2", inputs=["hello"]),
         "Cancel": p.Cancel(message_id=mid),
         "Ping": p.Ping(ping_id="3f9c1a2b7d4e"),
+        "Tokenized": p.Tokenized(request_id="q-5d1e0c9a7b3f4e2d8c6a", counts=[2706], prompt_bytes=[12180]),
+        "Detokenized": p.Detokenized(request_id="q-8e2f1a0b9c4d3e7f6a5b", texts=[" Paris"]),
+        "Tokenize": p.Tokenize(
+            request_id="q-5d1e0c9a7b3f4e2d8c6a",
+            inputs=[
+                p.TokenizeInput(
+                    conversation=p.PromptConversation(
+                        thread=[p.ChatTurn(role="user", content="What is the capital of France?")],
+                        system_prompt="Answer in one word.",
+                    )
+                )
+            ],
+        ),
+        "Detokenize": p.Detokenize(request_id="q-8e2f1a0b9c4d3e7f6a5b", token_ids=[[7042]]),
         "UpgradeRequired": p.UpgradeRequired(
             server_protocol_version=p.PROTOCOL_VERSION,
             min_supported_version=p.MIN_SUPPORTED_PROTOCOL_VERSION,
@@ -472,6 +486,15 @@ def render_protocol() -> str:
         "- **Usage counts.** The server stores `generated_tokens` no larger than the message's "
         "`max_new_tokens` and than the bytes of text it saw streamed (plus a small slack), and "
         "`prompt_tokens` no larger than what the text it sent could hold."
+    )
+    w(
+        "- **Questions to a worker** (protocol 4). The server may ask a worker that reported the "
+        "`tokenize` capability to count or tokenize texts and conversations (`tokenize`) or to turn token "
+        f"ids into text (`detokenize`), at most {p.MAX_TOKENIZE_INPUTS} inputs a frame; the worker answers "
+        "each with one `tokenized` or `detokenized` frame naming its `request_id`, in any order and between "
+        "any other frames, with `error` set when it cannot. The server waits a bounded time and does "
+        "without an answer that does not come; an answer the protocol refuses fails only its question. "
+        "The server asks no worker of protocol 3 or older."
     )
     w(
         "- **Time.** Every try of a message has an upper bound, "

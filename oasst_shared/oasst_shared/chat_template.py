@@ -7,7 +7,9 @@ provides them, so the template stored in a model's GGUF metadata or ``tokenizer_
 unchanged. :func:`template_takes_tools` tells whether a template renders ``tools`` itself.
 
 :func:`render_truncated` fits the prompt into a token budget: it always keeps the system prompt and
-the newest turn and drops the oldest turns first.
+the newest turn and drops the oldest turns first; asked to, it cuts the start of the newest turn too,
+when the system prompt and that turn alone do not fit (the original Open-Assistant server cut prompts
+from the left).
 """
 
 from __future__ import annotations
@@ -121,6 +123,20 @@ class RenderedPrompt:
     text: str
     prompt_tokens: int
     dropped_turns: int
+    # Characters cut from the start of the newest turn (``cut_newest``): 0 when it was kept whole.
+    cut_characters: int = 0
+
+
+def merge_system_turn(
+    turns: Sequence[ChatTurn], system_prompt: str | None
+) -> tuple[list[ChatTurn], str | None]:
+    """A leading ``system`` turn merged into the system prompt, as every rendering of a work's prompt
+    treats it: (the other turns, the system prompt)."""
+    rest = list(turns)
+    if rest and rest[0].role == "system":
+        leading = rest.pop(0).content
+        system_prompt = f"{system_prompt}\n\n{leading}" if system_prompt else leading
+    return rest, system_prompt
 
 
 async def render_truncated(
@@ -133,6 +149,7 @@ async def render_truncated(
     bos_token: str = "",
     eos_token: str = "",
     tools: list[dict[str, Any]] | None = None,
+    cut_newest: bool = False,
 ) -> RenderedPrompt:
     """Render the newest suffix of ``turns`` that fits in ``max_input_tokens``.
 
@@ -140,20 +157,21 @@ async def render_truncated(
 
     A leading ``system`` turn in ``turns`` is treated like ``system_prompt``: it is always kept.
     Turns are dropped oldest first, and a leading assistant turn left over after dropping is dropped
-    too, so the kept conversation starts with the user. Raises :class:`ChatTemplateError` when even
-    the system prompt and the newest turn do not fit.
+    too, so the kept conversation starts with the user. When even the system prompt and the newest turn
+    do not fit, ``cut_newest`` drops the start of the newest turn's text until they do; otherwise, or
+    when the system prompt alone does not fit, raises :class:`ChatTemplateError` with the numbers.
     """
-    turns = list(turns)
-    if turns and turns[0].role == "system":
-        leading = turns.pop(0).content
-        system_prompt = f"{system_prompt}\n\n{leading}" if system_prompt else leading
+    turns, system_prompt = merge_system_turn(turns, system_prompt)
     if not turns:
         raise ChatTemplateError("the conversation has no turns to answer")
 
-    async def _render(start: int) -> tuple[str, int]:
+    async def _render(start: int, cut: int = 0) -> tuple[str, int]:
+        kept = turns[start:]
+        if cut:
+            kept[-1] = kept[-1].model_copy(update={"content": kept[-1].content[cut:]})
         text = render(
             template,
-            turns[start:],
+            kept,
             system_prompt=system_prompt,
             bos_token=bos_token,
             eos_token=eos_token,
@@ -168,9 +186,13 @@ async def render_truncated(
     lo, hi = 0, len(turns) - 1
     text, tokens = await _render(hi)
     if tokens > max_input_tokens:
-        raise ChatTemplateError(
-            f"the newest message and system prompt need {tokens} tokens, more than the model's "
-            f"input limit of {max_input_tokens}"
+        if not cut_newest:
+            raise ChatTemplateError(
+                f"the newest message and system prompt need {tokens} tokens, more than the model's "
+                f"input limit of {max_input_tokens}"
+            )
+        return await _cut_newest(
+            lambda cut: _render(hi, cut), len(turns[-1].content), tokens, max_input_tokens, hi
         )
     best = (hi, text, tokens)
     while lo < hi:
@@ -186,6 +208,46 @@ async def render_truncated(
         start += 1
         text, tokens = await _render(start)
     return RenderedPrompt(text=text, prompt_tokens=tokens, dropped_turns=start)
+
+
+async def _cut_newest(
+    render_cut: Callable[[int], Awaitable[tuple[str, int]]],
+    length: int,
+    tokens: int,
+    max_input_tokens: int,
+    dropped_turns: int,
+) -> RenderedPrompt:
+    """The prompt with the fewest characters cut from the start of the newest turn (of ``length``
+    characters, ``tokens`` whole) that fits. Each probe is a count (a round trip to the backend's
+    tokenizer), so the cut is found by interpolation on the counts, with every other step a bisection
+    (a few probes where the text is even, never more than twice a bisection's)."""
+    text, emptied = await render_cut(length)
+    if emptied > max_input_tokens:
+        raise ChatTemplateError(
+            f"the system prompt needs {emptied} tokens with an empty message, more than the model's "
+            f"input limit of {max_input_tokens}"
+        )
+    # Invariant: cutting ``short`` characters does not fit (``over`` tokens); cutting ``enough`` does.
+    short, over = 0, tokens
+    enough, best = length, (text, emptied)
+    bisect = False
+    while enough - short > 1:
+        if bisect:
+            probe = (short + enough) // 2
+        else:
+            fitting = best[1]
+            share = (over - max_input_tokens) / max(1, over - fitting)
+            probe = short + int(share * (enough - short)) + 1
+        probe = min(max(probe, short + 1), enough - 1)
+        bisect = not bisect
+        text, counted = await render_cut(probe)
+        if counted <= max_input_tokens:
+            enough, best = probe, (text, counted)
+        else:
+            short, over = probe, counted
+    return RenderedPrompt(
+        text=best[0], prompt_tokens=best[1], dropped_turns=dropped_turns, cut_characters=enough
+    )
 
 
 # Tokenizers hardly ever make one token of more characters than this: a conversation cut to

@@ -88,6 +88,8 @@ DTYPE_BY_BACKEND: dict[str, frozenset[str]] = {
 # Backends a worker can start itself (and so pass arguments to).
 MANAGED_BACKENDS = frozenset({"cpu", "tgi", "vllm"})
 MAX_BACKEND_ARGS = 64
+# What the chat API does with a newest message that, with the system prompt, is over the input limit.
+ChatPromptOverflow = Literal["cut", "refuse"]
 
 
 class ParameterConfig(BaseModel):
@@ -109,7 +111,9 @@ class ModelConfig(BaseModel):
     """One servable model. ``name`` is what clients ask for; ``model_id`` is what the backend loads.
 
     Lengths are in tokens. ``max_input_length`` bounds the rendered prompt (older turns are dropped
-    to fit); ``max_total_length`` bounds prompt plus answer, and so caps ``max_new_tokens``.
+    to fit); ``max_total_length`` bounds prompt plus answer, and so caps ``max_new_tokens``. A newest
+    message that does not fit with the system prompt even alone is cut from the left on the chat API
+    (``chat_prompt_overflow``) and refused on the OpenAI-compatible API (``context_length_exceeded``).
     """
 
     model_config = ConfigDict(protected_namespaces=())
@@ -130,6 +134,13 @@ class ModelConfig(BaseModel):
     )
     max_total_length: int = Field(
         default=2048, ge=32, description="Tokens of prompt plus answer; caps `max_new_tokens`."
+    )
+    chat_prompt_overflow: ChatPromptOverflow = Field(
+        "cut",
+        description="The chat API, when the newest message and the system prompt alone are over "
+        "`max_input_length`: `cut` drops the start of the message until they fit (as the original "
+        "Open-Assistant server cut prompts from the left); `refuse` refuses the answer at submission "
+        "(400 `context_length_exceeded`, with both numbers). The OpenAI-compatible API always refuses.",
     )
     quantization: Quantization = Field(
         "none",

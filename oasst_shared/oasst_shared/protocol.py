@@ -18,11 +18,16 @@ its thread ``tool`` turns and assistant ``tool_calls``; :class:`Token` may carry
 :class:`GeneratedText` ``tool_calls``. The server sends protocol 2 workers their work without the new
 fields (:func:`dump_work`) and never routes them requests that need a capability they did not report.
 
-Protocol 4 (additive, worker -> server only, so the server sends older workers nothing new): an embedding
-result too large for one frame comes as :class:`EmbeddingsPart` frames, then the :class:`Embeddings`
-frame with the last vectors (:func:`embeddings_frames`); :class:`WorkerError` may carry ``backend_died``
-(the backend's connection broke mid-request and its health check failed), which the server counts
-against the message, so that a message that crashes backends is not sent to one after another.
+Protocol 4 (additive; the server sends older workers nothing new): an embedding result too large for one
+frame comes as :class:`EmbeddingsPart` frames, then the :class:`Embeddings` frame with the last vectors
+(:func:`embeddings_frames`); :class:`WorkerError` may carry ``backend_died`` (the backend's connection broke
+mid-request and its health check failed), which the server counts against the message, so that a message
+that crashes backends is not sent to one after another. The server may ask a worker to count or tokenize
+texts and conversations with its backend's tokenizer (:class:`Tokenize`, answered by :class:`Tokenized`)
+and to turn token ids back into text (:class:`Detokenize`, :class:`Detokenized`); the worker reports
+whether it answers them (``WorkerCapabilities.tokenize``). :class:`Work` may carry ``cut_newest_turn``.
+The server sends neither to older workers (:func:`dump_work` drops the field; older workers are never
+asked to count).
 
 The hot frames, ``token`` and ``token_batch``, are written and read without pydantic by
 :mod:`oasst_shared.token_frames`, to the same schema: these models define them and document them.
@@ -35,7 +40,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
+from collections.abc import Collection, Iterable
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -56,10 +61,11 @@ from oasst_shared.tool_calls import ToolCall, ToolChoice, ToolDefinition
 # 2 added TokenBatch; a server speaking 2 still accepts 1, whose workers send a frame per token.
 # 3 added worker capabilities, tools, tool calls, logprobs and WorkerError.backend_unavailable; a server
 # speaking 3 still accepts 1 and 2.
-# 4 added EmbeddingsPart and WorkerError.backend_died (worker -> server only); a server speaking 4 still
-# accepts 1 to 3.
+# 4 added EmbeddingsPart, WorkerError.backend_died, tokenize/tokenized, detokenize/detokenized,
+# WorkerCapabilities.tokenize and Work.cut_newest_turn; a server speaking 4 still accepts 1 to 3.
 PROTOCOL_VERSION = 4
 TOOLS_PROTOCOL_VERSION = 3
+TOKENIZE_PROTOCOL_VERSION = 4
 MIN_SUPPORTED_PROTOCOL_VERSION = 1
 
 API_KEY_HEADER = "X-API-Key"
@@ -91,6 +97,8 @@ MAX_EMBEDDING_DIMENSION = 8192
 _MAX_FLOAT_JSON_BYTES = 25
 # Room in a frame for everything but the vectors (type, message id, start, prompt tokens).
 _FRAME_ENVELOPE_BYTES = 1024
+# The most texts (or token id lists) one tokenize or detokenize frame carries.
+MAX_TOKENIZE_INPUTS = 64
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled"]
 BackendKind = Literal["tgi", "openai", "cpu", "embedding", "fake"]
@@ -191,6 +199,18 @@ class WorkerCapabilities(BaseModel):
         description="JSON-schema keywords the backend's grammar does not enforce "
         "(see oasst_shared.schema_keywords).",
     )
+    tokenize: bool = Field(
+        False,
+        description="Protocol 4: the worker answers `tokenize` and `detokenize` frames with its backend's "
+        "tokenizer (the server counts prompts before it queues them).",
+    )
+    prompt_overhead_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="Protocol 4: the most UTF-8 bytes the worker's chat template adds to the text of a system "
+        "prompt and one turn. A prompt has at most its text's bytes plus this plus 8 tokens "
+        "(oasst_shared.token_bounds): the server asks for a count only when that bound is over the limit.",
+    )
 
     @classmethod
     def common(cls, all_capabilities: list[WorkerCapabilities]) -> WorkerCapabilities:
@@ -207,7 +227,64 @@ class WorkerCapabilities(BaseModel):
             unenforced_schema_keywords=sorted(
                 {k for c in all_capabilities for k in c.unenforced_schema_keywords}
             ),
+            tokenize=all(c.tokenize for c in all_capabilities),
+            prompt_overhead_bytes=_most(c.prompt_overhead_bytes for c in all_capabilities),
         )
+
+
+def _conversation_problem(texts: list[str]) -> str | None:
+    for text in texts:
+        problem = text_problem(text)
+        if problem is not None:
+            return f"the conversation's {problem}"
+    return None
+
+
+class PromptConversation(BaseModel):
+    """A conversation as a work frame carries it, to be tokenized as the prompt the worker renders from
+    it (protocol 4): its chat template, the tools it lists where the template does not, the generation
+    prompt. Nothing is dropped or cut: the whole conversation is rendered."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    thread: list[ChatTurn] = Field(min_length=1, description="The turns, oldest first.")
+    system_prompt: str | None = Field(None, description="A system prompt to render before the thread.")
+    tools: list[ToolDefinition] | None = Field(None, description="The tools offered, as in `work`.")
+    tool_choice: ToolChoice | None = Field(None, description="As in `work`.")
+
+    @model_validator(mode="after")
+    def _text_is_valid(self) -> PromptConversation:
+        problem = _conversation_problem([t.content for t in self.thread] + [self.system_prompt or ""])
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+
+class TokenizeInput(BaseModel):
+    """One thing to tokenize (protocol 4): a ``text`` as it is, or a ``conversation`` as its prompt."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: SafeText | None = Field(
+        None,
+        description="A text, tokenized as the backend tokenizes a raw prompt (with the special tokens it "
+        "adds to one, such as BOS).",
+    )
+    conversation: PromptConversation | None = Field(
+        None, description="A conversation, tokenized as the prompt the worker renders from it."
+    )
+
+    @model_validator(mode="after")
+    def _one_of(self) -> TokenizeInput:
+        if (self.text is None) == (self.conversation is None):
+            raise ValueError("give exactly one of text and conversation")
+        return self
+
+
+def _most(values: Iterable[int | None]) -> int | None:
+    """The largest of ``values``; None if any is unknown."""
+    known = list(values)
+    return None if any(v is None for v in known) else max(v for v in known if v is not None)
 
 
 # ---------------------------------------------------------------- worker -> server
@@ -392,7 +469,44 @@ class Drain(_Frame):
     type: Literal["drain"] = "drain"
 
 
-WorkerFrame = Annotated[
+class Tokenized(_Frame):
+    """The answer to a :class:`Tokenize` (protocol 4): one count per input, in order, or an ``error``."""
+
+    type: Literal["tokenized"] = "tokenized"
+    request_id: MessageId = Field(description="The `request_id` of the `tokenize` answered.")
+    counts: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list, description="Tokens of each input, in order (empty with an error)."
+    )
+    prompt_bytes: list[Annotated[int, Field(ge=0)]] = Field(
+        default_factory=list,
+        description="UTF-8 bytes of the text each count is of: for a conversation, of the rendered prompt "
+        "(what its chat template adds is the difference to its turns' text).",
+    )
+    token_ids: list[list[int]] | None = Field(
+        None, description="The token ids of each input, when the request was not for counts only."
+    )
+    error: SafeText | None = Field(
+        None,
+        max_length=MAX_ERROR_CHARS,
+        description="Why the worker could not tokenize (no tokenizer at its backend, a timeout, too "
+        "large an answer); the counts are then empty.",
+    )
+
+
+class Detokenized(_Frame):
+    """The answer to a :class:`Detokenize` (protocol 4): one text per list of ids, or an ``error``."""
+
+    type: Literal["detokenized"] = "detokenized"
+    request_id: MessageId = Field(description="The `request_id` of the `detokenize` answered.")
+    texts: list[SafeText] = Field(
+        default_factory=list, description="The text of each list of token ids, in order."
+    )
+    error: SafeText | None = Field(
+        None, max_length=MAX_ERROR_CHARS, description="Why the worker could not detokenize."
+    )
+
+
+AnyWorkerFrame = (
     WorkerInfo
     | Pong
     | Token
@@ -401,9 +515,11 @@ WorkerFrame = Annotated[
     | Embeddings
     | EmbeddingsPart
     | WorkerError
-    | Drain,
-    Field(discriminator="type"),
-]
+    | Drain
+    | Tokenized
+    | Detokenized
+)
+WorkerFrame = Annotated[AnyWorkerFrame, Field(discriminator="type")]
 
 # ---------------------------------------------------------------- server -> worker
 
@@ -439,6 +555,12 @@ class Work(_Frame):
         None,
         description="Protocol 3: `none`, `auto`, `required` or a named function (OpenAI's `tool_choice`).",
     )
+    cut_newest_turn: bool = Field(
+        False,
+        description="Protocol 4: when the system prompt and the newest turn alone do not fit the model's "
+        "input limit, drop the start of the newest turn's text until they do (the chat API's "
+        "`chat_prompt_overflow: cut`), instead of failing the message.",
+    )
 
     @property
     def needs_protocol_3(self) -> bool:
@@ -455,13 +577,17 @@ class Work(_Frame):
 
 
 _PROTOCOL_3_WORK_FIELDS = {"tools", "tool_choice"}
+_PROTOCOL_4_WORK_FIELDS = {"cut_newest_turn"}
 
 
 def dump_work(work: Work, protocol_version: int) -> str:
     """The work frame as a worker speaking ``protocol_version`` reads it (older ones forbid new fields)."""
-    if protocol_version >= TOOLS_PROTOCOL_VERSION:
+    if protocol_version >= TOKENIZE_PROTOCOL_VERSION:
         return dump_frame(work)
-    return work.model_dump_json(by_alias=True, exclude=_PROTOCOL_3_WORK_FIELDS)
+    newer = set(_PROTOCOL_4_WORK_FIELDS)
+    if protocol_version < TOOLS_PROTOCOL_VERSION:
+        newer |= _PROTOCOL_3_WORK_FIELDS
+    return work.model_dump_json(by_alias=True, exclude=newer)
 
 
 class EmbedWork(_Frame):
@@ -486,6 +612,31 @@ class Ping(_Frame):
     ping_id: str = Field(description="Echoed in the `pong`.")
 
 
+class Tokenize(_Frame):
+    """Tokenize each input with the worker's backend (protocol 4; workers reporting the ``tokenize``
+    capability). Answered by one :class:`Tokenized` with the same ``request_id``. The server counts
+    prompts with it before it queues them; with ``counts_only`` false the answer lists the token ids
+    too, as a ``/tokenize`` API (vLLM's) answers."""
+
+    type: Literal["tokenize"] = "tokenize"
+    request_id: MessageId = Field(description="Echoed in the answer.")
+    inputs: list[TokenizeInput] = Field(
+        min_length=1, max_length=MAX_TOKENIZE_INPUTS, description="What to tokenize, in order."
+    )
+    counts_only: bool = Field(True, description="True: the counts only; false: the token ids too.")
+
+
+class Detokenize(_Frame):
+    """Turn lists of token ids back into text with the worker's backend (protocol 4). Answered by one
+    :class:`Detokenized` with the same ``request_id``."""
+
+    type: Literal["detokenize"] = "detokenize"
+    request_id: MessageId = Field(description="Echoed in the answer.")
+    token_ids: list[list[int]] = Field(
+        min_length=1, max_length=MAX_TOKENIZE_INPUTS, description="The lists of token ids, in order."
+    )
+
+
 class UpgradeRequired(_Frame):
     """Sent before closing a worker whose protocol version the server no longer speaks."""
 
@@ -495,24 +646,21 @@ class UpgradeRequired(_Frame):
     detail: str = Field(description="What to upgrade, in words.")
 
 
-ServerFrame = Annotated[Work | EmbedWork | Cancel | Ping | UpgradeRequired, Field(discriminator="type")]
+AnyServerFrame = Work | EmbedWork | Cancel | Ping | UpgradeRequired | Tokenize | Detokenize
+ServerFrame = Annotated[AnyServerFrame, Field(discriminator="type")]
 
 _worker_frame_adapter: TypeAdapter[WorkerFrame] = TypeAdapter(WorkerFrame)
 _server_frame_adapter: TypeAdapter[ServerFrame] = TypeAdapter(ServerFrame)
 
 
-def parse_worker_frame(
-    data: str | bytes,
-) -> (
-    WorkerInfo | Pong | Token | TokenBatch | GeneratedText | Embeddings | EmbeddingsPart | WorkerError | Drain
-):
+def parse_worker_frame(data: str | bytes) -> AnyWorkerFrame:
     try:
         return _worker_frame_adapter.validate_json(data)
     except ValidationError as exc:
         raise ProtocolError(_short_error(exc)) from None
 
 
-def parse_server_frame(data: str | bytes) -> Work | EmbedWork | Cancel | Ping | UpgradeRequired:
+def parse_server_frame(data: str | bytes) -> AnyServerFrame:
     try:
         return _server_frame_adapter.validate_json(data)
     except ValidationError as exc:

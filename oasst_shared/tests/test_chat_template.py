@@ -131,3 +131,47 @@ def test_cut_to_budget_keeps_the_system_turn_and_the_newest_turns() -> None:
     huge = [ChatTurn(role="user", content="y" * 10_000_000)]
     assert cut_to_budget(huge, max_input_tokens=100) == huge
     assert cut_to_budget(turns[:3], max_input_tokens=100_000) == turns[:3]
+
+
+async def test_a_newest_turn_too_long_is_cut_from_the_left_when_asked() -> None:
+    """The fewest characters are cut from its start, so that the system prompt and the rest fit."""
+    message = " ".join(f"w{i}" for i in range(100))
+    probes: list[int] = []
+
+    def counting(text: str) -> int:
+        probes.append(1)
+        return word_count(text)
+
+    result = await render_truncated(
+        CHATML_TEMPLATE,
+        turns(("user", "an old question"), ("assistant", "an old answer"), ("user", message)),
+        max_input_tokens=30,
+        count_tokens=counting,
+        system_prompt="be brief",
+        cut_newest=True,
+    )
+    kept = message[result.cut_characters :]
+    assert result.dropped_turns == 2 and result.cut_characters > 0
+    assert result.text == render(CHATML_TEMPLATE, turns(("user", kept)), system_prompt="be brief")
+    assert result.prompt_tokens == word_count(result.text) <= 30
+    one_more = message[result.cut_characters - 1 :]  # keeping one character more would not fit
+    assert word_count(render(CHATML_TEMPLATE, turns(("user", one_more)), system_prompt="be brief")) > 30
+    assert kept.endswith("w99")  # the newest words are kept
+    assert len(probes) <= 2 * len(message).bit_length() + 3  # interpolation, at worst bisection
+
+
+async def test_a_cut_cannot_help_a_system_prompt_over_the_limit() -> None:
+    with pytest.raises(ChatTemplateError, match="the system prompt needs 25 tokens with an empty message"):
+        await render_truncated(
+            CHATML_TEMPLATE,
+            turns(("user", "hello")),
+            max_input_tokens=10,
+            count_tokens=word_count,
+            system_prompt="word " * 20,
+            cut_newest=True,
+        )
+    # Without the cut, a newest turn too long is an error, as before.
+    with pytest.raises(ChatTemplateError, match="need 103 tokens, more than the model's input limit of 10"):
+        await render_truncated(
+            CHATML_TEMPLATE, turns(("user", "word " * 100)), max_input_tokens=10, count_tokens=word_count
+        )

@@ -8,23 +8,32 @@ from oasst_shared.model_configs import SMOLLM2_135M, ModelConfig
 from oasst_shared.protocol import (
     MAX_EMBEDDING_DIMENSION,
     MAX_FRAME_BYTES,
+    MAX_TOKENIZE_INPUTS,
     PROTOCOL_VERSION,
     Cancel,
     ChatTurn,
+    Detokenize,
+    Detokenized,
     Drain,
     Embeddings,
     EmbeddingsPart,
     GeneratedText,
     Ping,
     Pong,
+    PromptConversation,
     ProtocolError,
     Token,
     TokenBatch,
+    Tokenize,
+    Tokenized,
+    TokenizeInput,
     UpgradeRequired,
     Work,
+    WorkerCapabilities,
     WorkerError,
     WorkerInfo,
     dump_frame,
+    dump_work,
     embeddings_frames,
     frame_bytes,
     parse_server_frame,
@@ -32,6 +41,7 @@ from oasst_shared.protocol import (
     top_level_strings,
 )
 from oasst_shared.sampling import SamplingParameters
+from oasst_shared.tool_calls import ToolDefinition
 
 WORKER_FRAMES = [
     WorkerInfo(model_config=SMOLLM2_135M, max_parallel_requests=4, backend_kind="tgi", worker_version="1"),
@@ -47,6 +57,11 @@ WORKER_FRAMES = [
     Embeddings(message_id="m", embeddings=[[0.5, -1.0]], prompt_tokens=4),
     EmbeddingsPart(message_id="m", start=0, embeddings=[[0.25, 1e-300]]),
     Drain(),
+    Tokenized(request_id="q1", counts=[3, 9], prompt_bytes=[10, 40]),
+    Tokenized(request_id="q2", counts=[2], prompt_bytes=[5], token_ids=[[1, 42]]),
+    Tokenized(request_id="q3", error="the backend cannot count tokens"),
+    Detokenized(request_id="q4", texts=["hello", ""]),
+    Detokenized(request_id="q5", error="the backend cannot detokenize"),
 ]
 SERVER_FRAMES = [
     Work(
@@ -61,6 +76,22 @@ SERVER_FRAMES = [
     Cancel(message_id="m"),
     Ping(ping_id="p"),
     UpgradeRequired(server_protocol_version=2, min_supported_version=2, detail="upgrade"),
+    Tokenize(
+        request_id="q1",
+        inputs=[
+            TokenizeInput(text="Once upon a time"),
+            TokenizeInput(
+                conversation=PromptConversation(
+                    thread=[ChatTurn(role="user", content="hi")],
+                    system_prompt="be brief",
+                    tools=[ToolDefinition.model_validate({"type": "function", "function": {"name": "f"}})],
+                    tool_choice="auto",
+                )
+            ),
+        ],
+    ),
+    Tokenize(request_id="q2", inputs=[TokenizeInput(text="ids please")], counts_only=False),
+    Detokenize(request_id="q3", token_ids=[[1, 2, 3], []]),
 ]
 
 
@@ -256,3 +287,49 @@ def test_the_message_of_a_frame_too_deep_to_parse_is_found() -> None:
 )
 def test_top_level_strings_reads_only_the_top_level(text: str | bytes, found: dict[str, str]) -> None:
     assert top_level_strings(text, ("message_id",)) == found
+
+
+def test_a_tokenize_input_is_a_text_or_a_conversation_and_carries_no_bad_text() -> None:
+    for bad in ({}, {"text": "a", "conversation": {"thread": [{"role": "user", "content": "b"}]}}):
+        with pytest.raises(ValueError, match="exactly one"):
+            TokenizeInput.model_validate(bad)
+    for frame in (
+        '{"type":"tokenize","request_id":"q","inputs":[{"text":"a\\u0000b"}]}',
+        '{"type":"tokenize","request_id":"q","inputs":[{"conversation":{"thread":'
+        '[{"role":"user","content":"a\\u0000"}]}}]}',
+        '{"type":"tokenize","request_id":"q","inputs":[]}',
+        '{"type":"detokenize","request_id":"","token_ids":[[1]]}',
+    ):
+        with pytest.raises(ProtocolError):
+            parse_server_frame(frame)
+    too_many = {"type": "tokenize", "request_id": "q", "inputs": [{"text": "a"}] * (MAX_TOKENIZE_INPUTS + 1)}
+    with pytest.raises(ProtocolError, match="inputs"):
+        parse_server_frame(json.dumps(too_many))
+    with pytest.raises(ProtocolError, match="counts"):
+        parse_worker_frame('{"type":"tokenized","request_id":"q","counts":[-1]}')
+
+
+def test_work_asks_a_worker_to_cut_only_from_protocol_4() -> None:
+    work = Work(
+        message_id="m",
+        model_config_name="x",
+        thread=[ChatTurn(role="user", content="hi")],
+        tools=[ToolDefinition.model_validate({"type": "function", "function": {"name": "f"}})],
+        cut_newest_turn=True,
+    )
+    assert json.loads(dump_work(work, 4))["cut_newest_turn"] is True
+    v3 = json.loads(dump_work(work, 3))
+    assert "cut_newest_turn" not in v3 and v3["tools"]  # a protocol 3 worker forbids the field
+    v2 = json.loads(dump_work(work, 2))
+    assert "cut_newest_turn" not in v2 and "tools" not in v2
+
+
+def test_the_capabilities_of_a_model_count_only_if_all_its_workers_count() -> None:
+    counting = WorkerCapabilities(tokenize=True, prompt_overhead_bytes=80)
+    common = WorkerCapabilities.common(
+        [counting, WorkerCapabilities(tokenize=True, prompt_overhead_bytes=120)]
+    )
+    assert common.tokenize and common.prompt_overhead_bytes == 120  # the larger template bounds both
+    older = WorkerCapabilities.model_validate({"structured_output": True})  # a protocol 3 worker's
+    common = WorkerCapabilities.common([counting, older])
+    assert not common.tokenize and common.prompt_overhead_bytes is None

@@ -13,7 +13,7 @@ from starlette.websockets import WebSocketState
 from oasst_inference_server.dispatch import events
 from oasst_inference_server.dispatch.worker_connection import WorkerConnection
 from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import WorkerInfo, dump_frame
+from oasst_shared.protocol import PROTOCOL_VERSION, WorkerCapabilities, WorkerInfo, dump_frame
 
 
 class StandInSocket:
@@ -72,14 +72,25 @@ async def stream_types(app: Any, message_id: str) -> list[str]:
 
 
 def stand_in_connection(
-    app: Any, model: str, socket: StandInSocket, dispatcher: Any, *, slots: int = 1, settings: Any = None
+    app: Any,
+    model: str,
+    socket: StandInSocket,
+    dispatcher: Any,
+    *,
+    slots: int = 1,
+    settings: Any = None,
+    capabilities: WorkerCapabilities | None = None,
+    protocol_version: int = PROTOCOL_VERSION,
+    config: dict[str, Any] | None = None,
 ) -> WorkerConnection:
     """A real ``WorkerConnection`` of the app (its settings, unless given; its broker and lifecycle) for
-    a worker of ``model`` with ``slots`` slots on ``socket``, attached to ``dispatcher`` when run."""
+    a worker of ``model`` (SmolLM2's config with ``config``'s changes) with ``slots`` slots on
+    ``socket``, speaking ``protocol_version``, attached to ``dispatcher`` when run."""
     info = WorkerInfo(
-        model_config=SMOLLM2_135M.model_copy(update={"name": model}),
+        model_config=SMOLLM2_135M.model_copy(update={**(config or {}), "name": model}),
         max_parallel_requests=slots,
         backend_kind="fake",
+        capabilities=capabilities or WorkerCapabilities(),
     )
     return WorkerConnection(
         socket,  # type: ignore[arg-type]
@@ -88,4 +99,5 @@ def stand_in_connection(
         broker=app.state.broker,
         lifecycle=app.state.lifecycle,
         dispatcher=dispatcher,
+        protocol_version=protocol_version,
     )

@@ -10,6 +10,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 from loguru import logger
 
+from oasst_inference_server.admission.prompt_fit import PromptFit
 from oasst_inference_server.api.edge_guard import EdgeGuard
 from oasst_inference_server.api.error_handlers import install_error_handlers
 from oasst_inference_server.api.responses import document_errors
@@ -37,7 +38,9 @@ from oasst_inference_server.dispatch.compliance_store import ComplianceRecorder
 from oasst_inference_server.dispatch.dispatcher import Dispatchers
 from oasst_inference_server.dispatch.handoff import Handoff
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.dispatch.prompt_sizes import PromptSizes
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
+from oasst_inference_server.dispatch.remote_questions import RemoteQuestions
 from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
 from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.settings import Settings, get_settings
@@ -94,7 +97,18 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         checker_task = asyncio.create_task(checker.run(), name="compliance checks")
         handoff = Handoff(app.state.dispatchers, broker, settings) if settings.hand_over_at_once else None
-        app.state.submission = SubmissionService(settings, app.state.lifecycle, app.state.registry, handoff)
+        # Prompts are sized by counting workers (the model's own tokenizer), this process's first.
+        app.state.remote_questions = remote_questions = RemoteQuestions(broker)
+        prompt_sizes = PromptSizes(
+            app.state.dispatchers,
+            timeout=settings.prompt_count_timeout,
+            sessions=app.state.registry.sessions,
+            remote=remote_questions,
+        )
+        prompt_fit = PromptFit(prompt_sizes)
+        app.state.submission = SubmissionService(
+            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit
+        )
         app.state.openai_service = OpenAIService(
             settings, session_factory, fanout, app.state.lifecycle, app.state.registry, app.state.submission
         )
@@ -115,6 +129,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             # Bounded: a broker call that swallows the cancellation must not hang the shutdown.
             await asyncio.wait([recovery_task], timeout=3.0)
             await recovery.stop()
+            await remote_questions.close()
             await app.state.lifecycle.leases.close()
             await app.state.lifecycle.state_checks.close()
             if lease_engine is not engine:

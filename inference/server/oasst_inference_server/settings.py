@@ -115,6 +115,14 @@ class Settings(BaseSettings):
         "is sent while its claim's transaction is still open, so this also bounds how long a worker that "
         "does not read can hold a database connection.",
     )
+    prompt_count_timeout: float = Field(
+        default=2.0,
+        gt=0,
+        le=30,
+        description="Seconds a request waits for a worker of this server process to count its prompt in the "
+        "model's tokens, when the prompt is too long for a bound to tell that it fits; past it the request is "
+        "admitted unchecked (docs/openai-api.md#prompts-longer-than-the-model-takes)",
+    )
     hand_over_at_once: bool = Field(
         default=True,
         description="When nothing waits in a model's queue and a worker of this server process has room, a "

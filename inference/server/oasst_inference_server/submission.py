@@ -4,18 +4,23 @@ The chat routes (an assistant message) and the OpenAI-compatible API (a completi
 work the same way, through one :class:`SubmissionService` built at startup:
 
 1. admission: what the model's workers can honour (``admission.capabilities``), the user's rate and
-   concurrency (``admission.rate_limit``), the chat's size and the model's queue (``admission.limits``),
+   concurrency (``admission.rate_limit``, counting every generation the request starts: a ``/v1``
+   request with ``n`` choices is ``n``), the chat's size and the model's queue (``admission.limits``),
    and that its work fits one worker frame (``admission.frame_size``: nothing is stored that no frame
    can carry);
-2. the pending message is inserted with its fair-queue ticket (``dispatch.fair_share``) and committed;
-3. it is queued (``MessageLifecycle.enqueue``). A failure to queue is logged, not raised: the message is
-   safely pending in the database, and the recovery loop queues it.
+2. the pending messages are inserted with their fair-queue tickets (``dispatch.fair_share``) and
+   committed, in the transaction that checked the limits, with the user's turn held
+   (``admission.user_turns``: one submission of a user at a time, on SQLite too);
+3. they are queued (``MessageLifecycle.enqueue``). A failure to queue is logged, not raised: the message
+   is safely pending in the database, and the recovery loop queues it.
 
 May import admission, chats, streams, dispatch, auth, db, broker, metrics, settings, errors; not api or
 openai_api.
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from loguru import logger
 from sqlmodel.ext.asyncio.session import AsyncSession
@@ -29,8 +34,10 @@ from oasst_inference_server.admission.limits import (
     check_queue_capacity,
 )
 from oasst_inference_server.admission.output_schemas import check_output_schemas
+from oasst_inference_server.admission.prompt_fit import PromptFit
 from oasst_inference_server.admission.rate_limit import check_generation_limits
 from oasst_inference_server.admission.request_bounds import check_system_prompt
+from oasst_inference_server.admission.user_turns import UserTurns
 from oasst_inference_server.chats.chat_store import (
     ChatSize,
     get_own_chat,
@@ -39,7 +46,7 @@ from oasst_inference_server.chats.chat_store import (
 )
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, new_id, utcnow
 from oasst_inference_server.dispatch import fair_share
-from oasst_inference_server.dispatch.handoff import Handoff
+from oasst_inference_server.dispatch.handoff import HandedOver, Handoff
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue, ServiceUnavailable
@@ -60,11 +67,16 @@ class SubmissionService:
         lifecycle: MessageLifecycle,
         registry: WorkerRegistry,
         handoff: Handoff | None = None,
+        prompt_fit: PromptFit | None = None,
     ) -> None:
         self._settings = settings
         self._lifecycle = lifecycle
         self._registry = registry
         self._handoff = handoff
+        # Without it (tests of other parts), prompts are not sized at submission.
+        self.prompt_fit = prompt_fit
+        # SQLite cannot lock the user's row: admission takes turns per user in this one process.
+        self.turns = UserTurns(enabled=settings.is_sqlite)
 
     async def admit(
         self,
@@ -72,14 +84,17 @@ class SubmissionService:
         user_id: str,
         model_name: str,
         *,
+        count: int = 1,
         chat_id: str | None = None,
         chat_size: ChatSize | None = None,
     ) -> ChatSize | None:
-        """May the user start a generation now (``RateLimited``), has the chat room for one more message
-        (``Conflict``), has the model's queue room (``ServiceUnavailable``)? Counted in the database
-        (the chat's ``chat_size`` only if the caller does not know it). Returns the chat's size, which
-        the new message's ticket needs (None without a chat)."""
-        await check_generation_limits(session, self._settings, user_id)
+        """May the user start ``count`` generations now (``RateLimited``; ``InvalidRequest`` if ``count``
+        alone is over a limit), has the chat room for one more message (``Conflict``), has the model's
+        queue room (``ServiceUnavailable``)? Counted in the database (the chat's ``chat_size`` only if
+        the caller does not know it). Returns the chat's size, which the new message's ticket needs
+        (None without a chat). Call it holding the user's turn (:meth:`submit_requests` and the chat
+        methods do), in the transaction that inserts the generations."""
+        await check_generation_limits(session, self._settings, user_id, count)
         size = chat_size
         if size is not None:
             check_chat_room(self._settings, size)
@@ -88,10 +103,26 @@ class SubmissionService:
         await check_queue_capacity(session, self._settings, model_name)
         return size
 
+    async def submit_requests(
+        self,
+        session: AsyncSession,
+        messages: Sequence[DbMessage],
+        user: DbUser,
+        requested: SchedulingRequest,
+        max_input_tokens: int | None = None,
+    ) -> list[DbMessage]:
+        """Admit the API requests' ``messages`` (all of one model, one per choice) as one: the user's
+        limits count every one of them, and they are inserted and committed together, so no other
+        request of the user is admitted between them. Then queue them (or hand them over)."""
+        model_name = messages[0].model_config_name or ""
+        async with self.turns.turn(user.id):
+            await self.admit(session, user.id, model_name, count=len(messages))
+            return await self.submit(session, messages, user, requested, max_input_tokens=max_input_tokens)
+
     async def submit(
         self,
         session: AsyncSession,
-        message: DbMessage,
+        messages: Sequence[DbMessage],
         user: DbUser,
         requested: SchedulingRequest,
         *,
@@ -99,58 +130,76 @@ class SubmissionService:
         chat_size: ChatSize | None = None,
         parent: DbMessage | None = None,
         max_input_tokens: int | None = None,
-    ) -> DbMessage:
-        """Commit ``message`` as pending with its fair-queue ticket (and whatever else ``session`` holds;
-        ``chat``, if given, gets it as its newest message), then queue it; or, when nothing waits in the
-        model's queue and a worker of this process is idle, hand it to that worker before the commit
-        (:mod:`.dispatch.handoff`). ``chat_size``: the chat's, if :meth:`admit` counted it (the ticket
-        and the frame's bound then need no query). ``parent``: the message it answers, if the caller
-        holds it (a hand-over of a new chat's first answer then reads no conversation).
-        ``max_input_tokens``: the model's input budget, to which the conversation sent is cut.
+    ) -> list[DbMessage]:
+        """Commit ``messages`` as pending with their fair-queue tickets (and whatever else ``session``
+        holds; ``chat``, if given, gets the last as its newest message), in one transaction, then queue
+        them; or, when nothing waits in the model's queue and a worker of this process is idle, hand one
+        to that worker before the commit (:mod:`.dispatch.handoff`). ``chat_size``: the chat's, if
+        :meth:`admit` counted it (the tickets and the frame's bound then need no query). ``parent``: the
+        message they answer, if the caller holds it (a hand-over of a new chat's first answer then reads
+        no conversation). ``max_input_tokens``: the model's input budget, to which the conversation sent
+        is cut.
 
-        ``TooLarge`` (nothing stored) if the message's work frame would be over the frame limit."""
+        ``TooLarge`` (nothing stored) if a message's work frame would be over the frame limit."""
         known = (parent,) if parent is not None else ()
-        await check_frame_size(
-            session, message, max_input_tokens=max_input_tokens, chat_size=chat_size, known=known
-        )
-        ticket = await fair_share.new_ticket(
-            session,
-            self._settings,
-            message,
-            requested,
-            user=user,
-            chat_characters=chat_size.characters if chat_size is not None else None,
-        )
-        message.scheduling = ticket.model_dump(mode="json")
-        session.add(message)
+        chat_characters = chat_size.characters if chat_size is not None else None
+        tickets = []
+        for message in messages:
+            await check_frame_size(
+                session, message, max_input_tokens=max_input_tokens, chat_size=chat_size, known=known
+            )
+            ticket = await fair_share.new_ticket(
+                session, self._settings, message, requested, user=user, chat_characters=chat_characters
+            )
+            message.scheduling = ticket.model_dump(mode="json")
+            session.add(message)
+            tickets.append(ticket)
         if chat is not None:
-            chat.modified_at = message.enqueued_at or utcnow()
-            chat.active_thread_tail_message_id = message.id
+            chat.modified_at = messages[-1].enqueued_at or utcnow()
+            chat.active_thread_tail_message_id = messages[-1].id
             session.add(chat)
-        handed = await self._handoff.try_hand_over(session, message, ticket, known) if self._handoff else None
-        if handed is not None:
-            try:
-                await session.commit()
-            except BaseException:
-                await handed.committed(False)
-                raise
-            await handed.committed(True)
-            logger.info("message {} ({}) handed to a worker for user {}", message.id, message.kind, user.id)
-            return message
-        await session.commit()
+        known = (parent,) if parent is not None else ()
+        handed: list[HandedOver] = []
+        queued: set[str] = set()
+        for message, ticket in zip(messages, tickets, strict=True):
+            if self._handoff is not None:
+                try:
+                    handover = await self._handoff.try_hand_over(session, message, ticket, known)
+                except BaseException:
+                    for earlier in handed:
+                        await earlier.committed(False)
+                    raise
+                if handover is not None:
+                    handed.append(handover)
+                    continue
+            queued.add(message.id)
+        try:
+            await session.commit()
+        except BaseException:
+            for handover in handed:
+                await handover.committed(False)
+            raise
+        for handover in handed:
+            await handover.committed(True)
+        for message in messages:
+            if message.id in queued:
+                await self._queue(message)
+            logger.info(
+                "message {} ({}, {}) {} for user {}",
+                message.id,
+                message.kind,
+                message.model_config_name,
+                "queued" if message.id in queued else "handed to a worker",
+                user.id,
+            )
+        return list(messages)
+
+    async def _queue(self, message: DbMessage) -> None:
         try:
             await self._lifecycle.enqueue(message)
         except Exception as exc:
             # The message is safely pending in the database; the recovery loop queues it.
             logger.opt(exception=exc).error("could not queue message {}", message.id)
-        logger.info(
-            "message {} ({}, {}) queued for user {}",
-            message.id,
-            message.kind,
-            message.model_config_name,
-            user.id,
-        )
-        return message
 
     async def answer_in_chat(
         self,
@@ -165,7 +214,9 @@ class SubmissionService:
         parent = await get_parent_message(session, chat, request.parent_id)
         if parent.role != Role.prompter:
             raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
-        return await self._answer(session, user, chat, parent, request, requested)
+        model = await self._answer_model(request, parent.content or "")
+        async with self.turns.turn(user.id):
+            return await self._answer(session, user, chat, parent, request, requested, model)
 
     async def turn_in_chat(
         self,
@@ -182,18 +233,36 @@ class SubmissionService:
         if not request.content.strip():
             raise InvalidValue("empty_message", "the message is empty")
         check_message_length(self._settings, request.content)
-        size = await check_chat_capacity(session, self._settings, chat.id)
-        prompt = await stage_prompter_message(session, chat, request.parent_id, request.content, size=size)
-        # The chat as the answer finds it: counted above, plus the prompt (no second count).
-        with_prompt = ChatSize(size.messages + 1, size.characters + len(request.content))
-        try:
-            answer = await self._answer(
-                session, user, chat, prompt, request, requested, answer_id, chat_size=with_prompt
+        model = await self._answer_model(request, request.content)
+        # The turn before the staged prompt's write (see admission.user_turns).
+        async with self.turns.turn(user.id):
+            size = await check_chat_capacity(session, self._settings, chat.id)
+            prompt = await stage_prompter_message(
+                session, chat, request.parent_id, request.content, size=size
             )
-        except BaseException:
-            await session.rollback()
-            raise
+            # The chat as the answer finds it: counted above, plus the prompt (no second count).
+            with_prompt = ChatSize(size.messages + 1, size.characters + len(request.content))
+            try:
+                answer = await self._answer(
+                    session, user, chat, prompt, request, requested, model, answer_id, chat_size=with_prompt
+                )
+            except BaseException:
+                await session.rollback()
+                raise
         return prompt, answer
+
+    async def _answer_model(
+        self, request: CreateAssistantMessageRequest | CreateTurnRequest, newest: str
+    ) -> LiveModel:
+        """The model of an answer to ``newest``, once the request is known to be one it can serve: its
+        workers' capabilities, the system prompt's length, the prompt's size in the model's tokens."""
+        model = await self._chat_model(request.model_config_name)
+        await check_output_schemas(request.sampling_parameters, prefix="sampling_parameters.")
+        check_capabilities(request.sampling_parameters, model)
+        check_system_prompt(self._settings, request.system_prompt)
+        if self.prompt_fit is not None:
+            await self.prompt_fit.check_chat_answer(model, request.system_prompt, newest)
+        return model
 
     async def _answer(
         self,
@@ -203,13 +272,10 @@ class SubmissionService:
         parent: DbMessage,
         request: CreateAssistantMessageRequest | CreateTurnRequest,
         requested: SchedulingRequest,
+        model: LiveModel,
         message_id: str | None = None,
         chat_size: ChatSize | None = None,
     ) -> DbMessage:
-        model = await self._chat_model(request.model_config_name)
-        await check_output_schemas(request.sampling_parameters, prefix="sampling_parameters.")
-        check_capabilities(request.sampling_parameters, model)
-        check_system_prompt(self._settings, request.system_prompt)
         size = await self.admit(session, user.id, model.config.name, chat_id=chat.id, chat_size=chat_size)
         message = DbMessage(
             id=message_id or new_id(),
@@ -222,9 +288,9 @@ class SubmissionService:
             system_prompt=request.system_prompt,
             enqueued_at=utcnow(),
         )
-        return await self.submit(
+        (submitted,) = await self.submit(
             session,
-            message,
+            [message],
             user,
             requested,
             chat=chat,
@@ -232,6 +298,7 @@ class SubmissionService:
             parent=parent,
             max_input_tokens=model.config.max_input_length,
         )
+        return submitted
 
     async def _chat_model(self, name: str) -> LiveModel:
         """The live model ``name``: ``InvalidRequest`` if unknown, ``ServiceUnavailable`` if no worker

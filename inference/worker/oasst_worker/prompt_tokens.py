@@ -1,10 +1,9 @@
 """How many tokens a prompt holds, without asking the backend when the answer does not depend on it.
 
 Counting exactly is a round trip to the backend's tokenizer, on the way to the first token. Most
-prompts do not need it: no tokenizer makes more tokens of a text than :func:`token_bound` (a byte-level
-BPE or byte-fallback token holds at least one byte; a tokenizer may add a few of its own, such as BOS),
-so a prompt whose bound fits the input limit fits, and a bound that leaves the requested answer whole
-leaves it whole. The exact count is then only for the usage report: :class:`PromptCount` asks for it
+prompts do not need it: no tokenizer makes more tokens of a text than :func:`token_bound`
+(``oasst_shared.token_bounds``, which the server uses too), so a prompt whose bound fits the input limit
+fits, and a bound that leaves the requested answer whole leaves it whole. The exact count is then only for the usage report: :class:`PromptCount` asks for it
 once the answer's stream has ended, unless the backend reported it.
 """
 
@@ -14,14 +13,9 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from oasst_shared.chat_template import approximate_token_count
+from oasst_shared.token_bounds import ADDED_TOKENS, token_bound
 
-# Tokens a tokenizer may add beyond one per byte of text: BOS/EOS, a SentencePiece dummy-prefix piece.
-ADDED_TOKENS = 8
-
-
-def token_bound(text: str) -> int:
-    """At least as many tokens as any tokenizer makes of ``text``."""
-    return len(text.encode("utf-8")) + ADDED_TOKENS
+__all__ = ["ADDED_TOKENS", "PromptCount", "token_bound"]
 
 
 class PromptCount:

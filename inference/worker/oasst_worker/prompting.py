@@ -3,26 +3,35 @@
 Tools: a chat template that renders ``tools`` gets them (and the turns' ``tool_calls``) as they are;
 with any other template the tools are described in the system prompt, a call in the history is
 written as the JSON the model is asked to answer with, and a tool's result becomes a user turn.
+
+A prompt too long for the model's input limit loses its oldest turns; when the system prompt and the
+newest turn alone are too long, the work's ``cut_newest_turn`` (the chat API) drops the start of that
+turn, and without it the job fails with the numbers. :meth:`PromptBuilder.render_whole` renders a
+conversation the same way without dropping anything, for the server's counts (``tokenize`` frames).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
+from typing import Any
 
 from loguru import logger
 
 from oasst_shared.chat_template import (
     CHATML_TEMPLATE,
+    ChatTemplateError,
     approximate_token_count,
+    merge_system_turn,
+    render,
     render_truncated,
     template_takes_tools,
 )
 from oasst_shared.model_configs import ModelConfig
-from oasst_shared.protocol import ChatTurn, Work
+from oasst_shared.protocol import ChatTurn, PromptConversation, Work
+from oasst_shared.token_bounds import token_bound, utf8_bytes
 from oasst_shared.tool_calls import ToolDefinition
 from oasst_worker.backends.protocols import GenerationBackend
-from oasst_worker.prompt_tokens import token_bound
 
 
 @dataclass(frozen=True)
@@ -81,12 +90,12 @@ class PromptBuilder:
             return bound
         return await self.count_tokens(text)
 
-    async def build(self, work: Work) -> Prompt:
-        """The prompt; its ``tokens`` may be only an upper bound (``exact`` False): see :meth:`counted`."""
-        if work.raw_prompt is not None:
-            return Prompt(work.raw_prompt, token_bound(work.raw_prompt), exact=False)
-        thread, system_prompt, tools = list(work.thread), work.system_prompt, None
-        offered = work.tools if work.tools and work.tool_choice != "none" else None
+    def _assemble(
+        self, conversation: Work | PromptConversation
+    ) -> tuple[list[ChatTurn], str | None, list[dict[str, Any]] | None]:
+        """What the template renders: (the turns, the system prompt, the tools it is given)."""
+        thread, system_prompt, tools = list(conversation.thread), conversation.system_prompt, None
+        offered = conversation.tools if conversation.tools and conversation.tool_choice != "none" else None
         if self._backend.takes_messages:
             pass  # the backend renders the tools itself; the ChatML rendering only sizes the prompt
         elif offered and template_takes_tools(self.template):
@@ -96,6 +105,50 @@ class PromptBuilder:
             if offered:
                 listing = tools_prompt(offered)
                 system_prompt = f"{system_prompt}\n\n{listing}" if system_prompt else listing
+        return thread, system_prompt, tools
+
+    def template_overhead(self) -> int | None:
+        """The most UTF-8 bytes the template adds to the text of a system prompt and one turn (a user's
+        or an assistant's, with a system prompt or without): the server bounds a short prompt's tokens
+        with it instead of asking for a count. None if the template renders none of them."""
+        placeholder = "x"
+        added: list[int] = []
+        for system_prompt in (None, placeholder):
+            for role in ("user", "assistant"):
+                turn = ChatTurn(role=role, content=placeholder)
+                try:
+                    text = render(
+                        self.template,
+                        [turn],
+                        system_prompt=system_prompt,
+                        bos_token=self.bos_token,
+                        eos_token=self.eos_token,
+                    )
+                except ChatTemplateError:
+                    continue  # a template may refuse a conversation that starts with the assistant
+                contents = len(placeholder) * (2 if system_prompt else 1)
+                added.append(utf8_bytes(text) - contents)
+        # Beyond the template: a leading system turn joins the system prompt with a blank line.
+        return max(added) + len("\n\n") if added else None
+
+    def render_whole(self, conversation: PromptConversation) -> str:
+        """The prompt :meth:`build` would render from ``conversation`` if nothing had to be dropped."""
+        thread, system_prompt, tools = self._assemble(conversation)
+        turns, system_prompt = merge_system_turn(thread, system_prompt)
+        return render(
+            self.template,
+            turns,
+            system_prompt=system_prompt,
+            bos_token=self.bos_token,
+            eos_token=self.eos_token,
+            tools=tools,
+        )
+
+    async def build(self, work: Work) -> Prompt:
+        """The prompt; its ``tokens`` may be only an upper bound (``exact`` False): see :meth:`counted`."""
+        if work.raw_prompt is not None:
+            return Prompt(work.raw_prompt, token_bound(work.raw_prompt), exact=False)
+        thread, system_prompt, tools = self._assemble(work)
         rendered = await render_truncated(
             self.template,
             thread,
@@ -105,24 +158,34 @@ class PromptBuilder:
             bos_token=self.bos_token,
             eos_token=self.eos_token,
             tools=tools,
+            cut_newest=work.cut_newest_turn,
         )
         if rendered.dropped_turns:
             logger.info("message {}: dropped {} old turns to fit", work.message_id, rendered.dropped_turns)
-        messages = _kept_messages(work, rendered.dropped_turns) if self._backend.takes_messages else None
+        if rendered.cut_characters:
+            logger.info(
+                "message {}: cut {} characters from the start of the newest turn to fit",
+                work.message_id,
+                rendered.cut_characters,
+            )
+        messages = (
+            _kept_messages(work, rendered.dropped_turns, rendered.cut_characters)
+            if self._backend.takes_messages
+            else None
+        )
         bounded = token_bound(rendered.text) <= self._config.max_input_length  # as _size decided
         return Prompt(rendered.text, rendered.prompt_tokens, messages, exact=not bounded)
 
 
-def _kept_messages(work: Work, dropped_turns: int) -> list[ChatTurn]:
+def _kept_messages(work: Work, dropped_turns: int, cut_characters: int = 0) -> list[ChatTurn]:
     """The system prompt and the turns that fit, as render_truncated kept them (it counts from the first
-    non-system turn and merges a leading system turn into the system prompt)."""
-    turns = list(work.thread)
-    system = work.system_prompt
-    if turns and turns[0].role == "system":
-        leading = turns.pop(0).content
-        system = f"{system}\n\n{leading}" if system else leading
+    non-system turn and merges a leading system turn into the system prompt), the newest cut as it was."""
+    turns, system = merge_system_turn(work.thread, work.system_prompt)
     head = [ChatTurn(role="system", content=system)] if system else []
-    return head + turns[dropped_turns:]
+    kept = turns[dropped_turns:]
+    if cut_characters:
+        kept[-1] = kept[-1].model_copy(update={"content": kept[-1].content[cut_characters:]})
+    return head + kept
 
 
 def tools_prompt(tools: list[ToolDefinition]) -> str:

@@ -132,6 +132,13 @@ class WorkerSettings(BaseSettings):
     managed_stop_timeout: float = Field(
         default=30.0, gt=0, description="managed only: seconds a backend may take to stop on SIGTERM."
     )
+    answer_tokenize: bool = Field(
+        default=True,
+        description="Answer the server's requests to count prompts with the backend's tokenizer (so a "
+        "prompt too long for the model is refused or cut at submission). Off for a backend that a second "
+        "request disturbs: llama-cpp-python's server ends an open stream when another request arrives, "
+        "unless it runs with `--interrupt_requests false`",
+    )
     backend_token_timeout: float = Field(default=30.0, gt=0, description="Seconds without a token: a stall")
     backend_generation_timeout: float = Field(default=900.0, gt=0, description="Bound on one generation")
     backend_health_interval: float = Field(

@@ -240,6 +240,18 @@ async def test_info_health_and_token_count(llama: LlamaServer) -> None:
 
 
 @slow
+async def test_token_ids_and_detokenize(llama: LlamaServer, backend: OpenAiBackend) -> None:
+    """llama-cpp-python lists ids at /extras/tokenize and detokenizes at /extras/detokenize (vLLM and the
+    llama.cpp server at /tokenize and /detokenize, tried first)."""
+    ids = await backend.token_ids(CHAT_PROMPT + " Paris")
+    assert ids is not None and len(ids) == await backend.count_tokens(CHAT_PROMPT + " Paris")
+    assert all(isinstance(i, int) for i in ids)
+    text = await backend.detokenize(ids)
+    assert text is not None and text.endswith("assistant\n Paris")
+    assert await backend.token_ids("again") == await backend.token_ids("again")  # the probe is kept
+
+
+@slow
 async def test_a_chat_prompt_streams_and_ends_with_eos(backend: OpenAiBackend) -> None:
     tokens, result = await collect(backend.generate_stream(CHAT_PROMPT, GREEDY, 48))
     assert tokens and all(t.text for t in tokens)

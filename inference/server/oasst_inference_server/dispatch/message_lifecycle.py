@@ -230,6 +230,7 @@ class MessageLifecycle:
         max_input_tokens: int | None = None,
         max_new_tokens: int | None = None,
         protocol_version: int = PROTOCOL_VERSION,
+        cut_chat_prompts: bool = False,
     ) -> AsyncIterator[Claimed | None]:
         """Take a pending message for a worker session: the claim is made when the block starts (None:
         someone else has it) and committed when it ends, or rolled back if the block raises. Until the
@@ -240,7 +241,9 @@ class MessageLifecycle:
         (one statement on Postgres, :mod:`.claim`). The conversation is cut to ``max_input_tokens`` (the
         worker's model's input budget) first. ``max_new_tokens`` (the message's, as its ticket says)
         lets the UPDATE set the generation deadline too; without it, or if the message asks for another
-        number, a second UPDATE sets it. The frame is built for a worker speaking ``protocol_version``.
+        number, a second UPDATE sets it. The frame is built for a worker speaking ``protocol_version``;
+        ``cut_chat_prompts`` (its model config's ``chat_prompt_overflow``) has a chat answer's work ask
+        the worker to cut a newest turn too long for the model.
         Raises :class:`UnsendableMessage` (the claim rolled back) for a message no frame can carry.
         """
         now = utcnow()
@@ -258,7 +261,9 @@ class MessageLifecycle:
                 yield None
                 return
             try:
-                claimed = work_frame(taken, max_input_tokens, protocol_version)
+                claimed = work_frame(
+                    taken, max_input_tokens, protocol_version, cut_chat_prompts=cut_chat_prompts
+                )
             except UnsendableMessage:
                 await session.rollback()
                 raise
@@ -285,6 +290,7 @@ class MessageLifecycle:
         max_input_tokens: int | None = None,
         protocol_version: int = PROTOCOL_VERSION,
         known: Sequence[DbMessage] = (),
+        cut_chat_prompts: bool = False,
     ) -> Claimed | None:
         """Claim ``message``, pending in ``session`` and not yet written, for a worker session: its claim's
         values are set on it (the caller's commit writes them with the insert) and its frame is built from
@@ -300,7 +306,9 @@ class MessageLifecycle:
         message.lease_deadline = now + timedelta(seconds=self._settings.lease_seconds)
         message.started_at = now
         try:
-            claimed = work_frame(Taken(message, chat), max_input_tokens, protocol_version)
+            claimed = work_frame(
+                Taken(message, chat), max_input_tokens, protocol_version, cut_chat_prompts=cut_chat_prompts
+            )
         except UnsendableMessage:
             self.unclaim_unsaved(message)
             return None

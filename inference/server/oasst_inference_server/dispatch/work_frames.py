@@ -70,12 +70,17 @@ class Claimed(NamedTuple):
 
 
 def work_frame(
-    taken: Taken, max_input_tokens: int | None, protocol_version: int = PROTOCOL_VERSION, *, room: int = 0
+    taken: Taken,
+    max_input_tokens: int | None,
+    protocol_version: int = PROTOCOL_VERSION,
+    *,
+    room: int = 0,
+    cut_chat_prompts: bool = False,
 ) -> Claimed:
     """The work frame of a message, serialized for ``protocol_version``; raises :class:`UnsendableMessage`
     if no frame can carry it (:class:`OverFrameLimit` if it, and ``room`` bytes more, are over the limit)."""
     try:
-        work = build_work(taken, max_input_tokens)
+        work = build_work(taken, max_input_tokens, cut_chat_prompts)
     # A stored request of another shape than today's (a list where a list of turns belongs...) is a
     # TypeError or a ValidationError: the message fails, alone.
     except (ValidationError, ValueError, TypeError) as exc:
@@ -87,9 +92,13 @@ def work_frame(
     return Claimed(work, frame)
 
 
-def build_work(taken: Taken, max_input_tokens: int | None = None) -> Work | EmbedWork:
+def build_work(
+    taken: Taken, max_input_tokens: int | None = None, cut_chat_prompts: bool = False
+) -> Work | EmbedWork:
     """The job of a message: its conversation cut to ``max_input_tokens`` (the system prompt, then the
-    newest turns), or its embedding inputs. A message not claimed yet is built as its first attempt."""
+    newest turns), or its embedding inputs. A message not claimed yet is built as its first attempt.
+    ``cut_chat_prompts``: a chat answer's worker may cut the start of a newest turn the model cannot take
+    (the model config's ``chat_prompt_overflow``)."""
     message = taken.message
     payload = message.request_payload or {}
     if not isinstance(payload, dict):
@@ -124,6 +133,8 @@ def build_work(taken: Taken, max_input_tokens: int | None = None) -> Work | Embe
         sampling_parameters=SamplingParameters.model_validate(message.sampling_parameters or {}),
         raw_prompt=raw_prompt,
         attempt=attempt,
+        # Only the chat API cuts a newest turn the model cannot take; /v1 refused it at submission.
+        cut_newest_turn=cut_chat_prompts and message.kind == "chat",
     )
 
 

@@ -7,7 +7,8 @@ Five tasks run per connection and the first to end ends them all:
 * the relay     - writes the tokens ``_receive`` hands it to the broker in batches (:mod:`.token_relay`);
 * ``_dispatch`` - claims and sends the jobs its model's dispatcher (:mod:`.dispatcher`) assigns it;
 * ``_ping``     - pings; a worker silent past ``worker_ping_timeout`` is disconnected;
-* ``_commands`` - forwards commands (cancel) that any replica published for this session.
+* ``_commands`` - forwards commands (cancel) that any replica published for this session, and has the
+  worker answer other replicas' questions (:mod:`.remote_questions`).
 
 Faults stay as small as their cause: a message that cannot be sent or whose frames are refused fails
 alone; a database or broker outage is waited out (each step is retried) and never closes the socket.
@@ -47,8 +48,10 @@ from oasst_inference_server.dispatch.compliance_store import (
 from oasst_inference_server.dispatch.dispatcher import ModelDispatcher
 from oasst_inference_server.dispatch.embedding_parts import EmbeddingAssembly, PartRefused
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle, UnsendableMessage
+from oasst_inference_server.dispatch.remote_questions import answer_question, is_question
 from oasst_inference_server.dispatch.token_relay import TokenRelay
 from oasst_inference_server.dispatch.trust import WorkerTrust
+from oasst_inference_server.dispatch.worker_calls import WorkerCalls
 from oasst_inference_server.dispatch.worker_frames import (
     ReceivedFrame,
     Salvaged,
@@ -69,7 +72,9 @@ from oasst_shared.protocol import (
     CLOSE_UNSUPPORTED_DATA,
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
+    TOKENIZE_PROTOCOL_VERSION,
     Cancel,
+    Detokenized,
     Drain,
     Embeddings,
     EmbeddingsPart,
@@ -78,6 +83,8 @@ from oasst_shared.protocol import (
     Ping,
     Pong,
     ProtocolError,
+    Tokenize,
+    Tokenized,
     Work,
     WorkerError,
     WorkerInfo,
@@ -176,12 +183,30 @@ class WorkerConnection:
         self._relay = TokenRelay(broker, label=f" of worker {self.session_id}")
         # Jobs sent before their claim was committed (:mod:`.claim_gate`).
         self._gate = ClaimGate()
+        # Questions to the worker (tokenize, detokenize) waiting for their answers (:mod:`.worker_calls`).
+        self.calls = WorkerCalls(self._send)
         self._capacity_changed_quietly()
 
     # ------------------------------------------------------------ public
     @property
     def free_slots(self) -> int:
         return self.capacity.free_slots
+
+    @property
+    def tokenizes(self) -> bool:
+        """The worker counts prompts for the server (protocol 4, and it said it does)."""
+        return self.protocol_version >= TOKENIZE_PROTOCOL_VERSION and self.info.capabilities.tokenize
+
+    @property
+    def cuts_chat_prompts(self) -> bool:
+        """The model config says to cut a chat answer's newest turn that is too long for the model."""
+        return self.info.model_config_.chat_prompt_overflow == "cut"
+
+    async def tokenize(self, question: Tokenize, timeout: float) -> Tokenized:
+        """Ask the worker's backend to tokenize; raises ``CallFailed`` without a usable answer."""
+        answer = await self.calls.ask(question, timeout)
+        assert isinstance(answer, Tokenized)  # ask() checks that the answer is of the question's kind
+        return answer
 
     def assign(self, message_id: str, max_new_tokens: int | None = None) -> None:
         """Reserve a slot for ``message_id`` (the dispatcher chose this worker); ``_dispatch`` sends it.
@@ -229,6 +254,7 @@ class WorkerConnection:
                 max_input_tokens=self.info.model_config_.max_input_length,
                 protocol_version=self.protocol_version,
                 known=known,
+                cut_chat_prompts=self.cuts_chat_prompts,
             )
         except BaseException:
             self.unreserve()
@@ -435,6 +461,9 @@ class WorkerConnection:
             raise _ConnectionClosed(close_code, f"malformed frame: {error}"[:120])
         for part in salvaged.frames:
             await self._handle(part)
+        for request_id, why in salvaged.calls.items():
+            logger.warning("worker {}: refused its answer to {}: {}", self.session_id, request_id, why)
+            self.calls.refused(request_id, why)
         await self._gate.wait(salvaged.refused)
         for message_id, why in salvaged.refused.items():
             await self._fail_refused(message_id, why)
@@ -554,6 +583,8 @@ class WorkerConnection:
                 self._done(frame.message_id)
         elif isinstance(frame, WorkerError):
             await self._on_error(frame)
+        elif isinstance(frame, (Tokenized, Detokenized)):
+            self.calls.answered(frame)
         elif isinstance(frame, Drain):
             logger.info("worker {} is draining ({} in flight)", self.session_id, len(self.in_flight))
             self.draining = True
@@ -575,6 +606,7 @@ class WorkerConnection:
                     max_input_tokens=self.info.model_config_.max_input_length,
                     max_new_tokens=max_new_tokens,
                     protocol_version=self.protocol_version,
+                    cut_chat_prompts=self.cuts_chat_prompts,
                 ) as claimed:
                     self._claiming -= 1
                     if claimed is None:
@@ -695,6 +727,11 @@ class WorkerConnection:
                     raise _ConnectionClosed(CLOSE_UNAUTHORIZED, "the worker's API key was revoked or changed")
                 if data == FLAG_COMMAND:
                     await self.flag("its key was flagged on another replica")
+                    continue
+                if is_question(data):  # another replica asks this worker to count: answered aside
+                    task = asyncio.create_task(answer_question(self.calls, self._broker, data))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
                     continue
                 try:
                     frame = parse_server_frame(data)
@@ -922,6 +959,7 @@ class WorkerConnection:
             logger.warning("worker {}: session not published: {}", self.session_id, exc)
 
     async def _cleanup(self, close: _ConnectionClosed | None) -> None:
+        self.calls.close()
         for message_id in list(self._probes):
             self._finish_probe(message_id, ProbeOutcome(None, "", 0, "the worker disconnected"))
         with contextlib.suppress(Exception):

@@ -2,7 +2,8 @@
 
 A frame the protocol refuses (invalid text, over the frame limit, a bad field) is blamed on the
 messages it names, when it names any: :func:`salvage` returns the parts that are valid and the message
-ids of the parts that are not, so only those messages fail. Only a frame that names no message
+ids of the parts that are not, so only those messages fail (and an answer to a question of the server,
+``tokenized`` or ``detokenized``, fails only its question). Only a frame that names no message
 (garbage, a wrong type) is held against the whole connection.
 
 :func:`bounded_usage` caps the token counts a worker reports by what the server itself saw: a worker
@@ -35,6 +36,9 @@ TEMPLATE_TOKENS_PER_TURN = 16
 TEMPLATE_TOKENS = 256
 
 
+# Answers to the server's questions (protocol 4): they name a request, not a message.
+_ANSWERS = ("tokenized", "detokenized")
+
 # A frame as the connection handles it: tokens as plain tuples (the hot path), the rest as models.
 ReceivedFrame: TypeAlias = TokenFrames | WorkerFrame
 
@@ -43,6 +47,7 @@ ReceivedFrame: TypeAlias = TokenFrames | WorkerFrame
 class Salvaged:
     frames: list[ReceivedFrame] = field(default_factory=list)
     refused: dict[str, str] = field(default_factory=dict)  # message id -> why
+    calls: dict[str, str] = field(default_factory=dict)  # request id of a refused answer -> why
 
 
 def salvage(text: str | bytes, error: str) -> Salvaged | None:
@@ -70,7 +75,9 @@ def salvage(text: str | bytes, error: str) -> Salvaged | None:
             result.frames.append(valid)
     elif isinstance(data.get("message_id"), str):
         result.refused[data["message_id"]] = error
-    return result if result.refused else None
+    elif data.get("type") in _ANSWERS and isinstance(data.get("request_id"), str):
+        result.calls[data["request_id"]] = error  # the question it answers fails alone
+    return result if result.refused or result.calls else None
 
 
 def parse_or_salvage(text: str | bytes) -> tuple[ReceivedFrame | None, Salvaged | None, str | None]:

@@ -21,7 +21,7 @@ What is kept of a request (``store_api_conversations``):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
 from contextlib import aclosing
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -147,48 +147,62 @@ class OpenAIService:
         return model
 
     # ------------------------------------------------------------ submitting requests
-    async def admit(self, session: AsyncSession, caller: Caller, model: LiveModel) -> None:
-        """The caller's limits and the model's queue capacity, as on the chat API."""
-        await self._submission.admit(session, caller.user.id, model.config.name)
-
     async def submit_chat(
         self,
         session: AsyncSession,
         caller: Caller,
         model: LiveModel,
-        sampling: SamplingParameters,
+        choices: Sequence[SamplingParameters],
         system_prompt: str | None,
         thread: list[ChatTurn],
         tools: list[ToolDefinition] | None = None,
         tool_choice: ToolChoice | None = None,
-    ) -> DbMessage:
+    ) -> list[DbMessage]:
+        """One message per choice (each with its sampling), admitted together: the caller's limits, as
+        on the chat API, count every one. First the prompt must fit the model (``InvalidRequest``
+        ``context_length_exceeded`` if the system prompt and the last message alone do not)."""
+        if self._submission.prompt_fit is not None:
+            offered = tools if tool_choice != "none" else None
+            await self._submission.prompt_fit.check_chat_completion(
+                model, system_prompt, thread, offered, tool_choice if offered else None
+            )
         payload: dict[str, Any] = {"thread": [t.model_dump(mode="json", exclude_none=True) for t in thread]}
         if tools:
             payload["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in tools]
             payload["tool_choice"] = (
                 tool_choice if isinstance(tool_choice, str | None) else tool_choice.model_dump(mode="json")
             )
-        message = self._new_message(
-            caller, "completion", model, sampling, payload, system_prompt=system_prompt
-        )
-        return await self._submit(session, caller, model, message, thread)
+        messages = [
+            self._new_message(
+                caller, "completion", model, sampling, dict(payload), system_prompt=system_prompt
+            )
+            for sampling in choices
+        ]
+        return await self._submit(session, caller, model, messages, thread)
 
     async def submit_completion(
         self,
         session: AsyncSession,
         caller: Caller,
         model: LiveModel,
-        sampling: SamplingParameters,
+        choices: Sequence[SamplingParameters],
         prompt: str,
-    ) -> DbMessage:
-        message = self._new_message(caller, "completion", model, sampling, {"raw_prompt": prompt})
-        return await self._submit(session, caller, model, message, [ChatTurn(role="user", content=prompt)])
+    ) -> list[DbMessage]:
+        """As :meth:`submit_chat`, for a raw prompt, which must fit the model whole."""
+        if self._submission.prompt_fit is not None:
+            await self._submission.prompt_fit.check_completion(model, prompt)
+        messages = [
+            self._new_message(caller, "completion", model, sampling, {"raw_prompt": prompt})
+            for sampling in choices
+        ]
+        return await self._submit(session, caller, model, messages, [ChatTurn(role="user", content=prompt)])
 
     async def submit_embedding(
         self, session: AsyncSession, caller: Caller, model: LiveModel, inputs: list[str]
     ) -> DbMessage:
         message = self._new_message(caller, "embedding", model, None, {"inputs": inputs})
-        return await self._submit(session, caller, model, message)
+        (submitted,) = await self._submit(session, caller, model, [message])
+        return submitted
 
     def _new_message(
         self,
@@ -243,18 +257,17 @@ class OpenAIService:
         session: AsyncSession,
         caller: Caller,
         model: LiveModel,
-        message: DbMessage,
+        messages: list[DbMessage],
         thread: list[ChatTurn] | None = None,
-    ) -> DbMessage:
-        """Commit and queue the message; with ``store_api_conversations``, ``thread`` as its chat."""
+    ) -> list[DbMessage]:
+        """Admit, commit and queue the messages together; with ``store_api_conversations``, ``thread``
+        as the chat of each (only added to the session here: its first write is admission's, which
+        holds the user's turn)."""
         if thread is not None and self.settings.store_api_conversations:
-            self._store_as_chat(session, message, thread)
-        return await self._submission.submit(
-            session,
-            message,
-            caller.user,
-            caller.scheduling,
-            max_input_tokens=model.config.max_input_length,
+            for message in messages:
+                self._store_as_chat(session, message, thread)
+        return await self._submission.submit_requests(
+            session, messages, caller.user, caller.scheduling, max_input_tokens=model.config.max_input_length
         )
 
     # ------------------------------------------------------------ following a request

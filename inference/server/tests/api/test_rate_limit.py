@@ -20,7 +20,7 @@ from oasst_inference_server.chats.chat_store import delete_chat
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, utcnow
-from oasst_inference_server.domain_errors import RateLimited
+from oasst_inference_server.domain_errors import InvalidRequest, RateLimited
 from oasst_inference_server.settings import Settings
 from tests.support.services import fresh_database
 
@@ -122,6 +122,50 @@ async def test_the_rate_limit_counts_the_last_minute_and_says_when_the_next_fits
     # The oldest in the window (30 s ago) leaves it in about 30 s.
     assert 25 <= refused.value.retry_after <= 35
     await check(sessions, limits(per_minute=0, running=0), user_id)  # both off: never refused
+
+
+async def test_a_request_counts_every_generation_it_starts(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """``count`` generations at once: admitted only if all of them fit, under both limits."""
+    user_id, chat_id = await add_user(sessions)
+    for _ in range(3):
+        await add_generation(sessions, state="in_progress", chat_id=chat_id, minutes_ago=2)
+    async with sessions() as session:
+        await check_generation_limits(session, limits(running=5), user_id, count=2)  # 3 + 2 = 5
+        with pytest.raises(RateLimited) as refused:
+            await check_generation_limits(session, limits(running=5), user_id, count=3)
+    assert refused.value.code == "too_many_concurrent_generations"
+    assert "starts 3 more" in refused.value.detail
+    # Per minute: four in the window, ten seconds apart; the oldest leaves it in about 20 s.
+    other_id, other_chat = await add_user(sessions)
+    for seconds_ago in (40, 30, 20, 10):
+        await add_generation(sessions, state="complete", chat_id=other_chat, minutes_ago=seconds_ago / 60)
+    async with sessions() as session:
+        await check_generation_limits(session, limits(per_minute=6), other_id, count=2)
+        with pytest.raises(RateLimited) as refused:
+            await check_generation_limits(session, limits(per_minute=6), other_id, count=3)
+    assert refused.value.code == "rate_limited"
+    # Three more fit once one request has left the window: the oldest, 40 s ago.
+    assert 15 <= refused.value.retry_after <= 25
+    async with sessions() as session:
+        with pytest.raises(RateLimited) as refused:
+            await check_generation_limits(session, limits(per_minute=6), other_id, count=4)
+    # Four more need two to leave: the second oldest, 30 s ago, leaves in about 30 s.
+    assert 25 <= refused.value.retry_after <= 35
+
+
+async def test_a_request_over_a_limit_by_itself_is_invalid_not_limited(
+    sessions: async_sessionmaker[AsyncSession],
+) -> None:
+    """No wait lets a request of more generations than a limit in: a 400 (naming ``n``), not a 429."""
+    user_id, _ = await add_user(sessions)
+    for settings in (limits(running=2), limits(per_minute=2)):
+        async with sessions() as session:
+            await check_generation_limits(session, settings, user_id, count=2)
+            with pytest.raises(InvalidRequest) as refused:
+                await check_generation_limits(session, settings, user_id, count=3)
+        assert refused.value.code == "too_many_choices" and refused.value.param == "n"
 
 
 async def test_deleting_the_chat_or_the_account_does_not_reset_the_rate_limit(

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 import httpx
@@ -36,6 +36,7 @@ from oasst_worker.backends.openai_wire import (
     ChunkLogprobs,
     ChunkUsage,
     CompletionChunk,
+    DetokenizeAnswer,
     ErrorBody,
     ServedModelList,
     TokenizeAnswer,
@@ -57,8 +58,16 @@ _TOKENIZE_PROBES: tuple[tuple[str, str], ...] = (
     ("/extras/tokenize/count", "input"),  # llama-cpp-python -> {"count"}
     ("/extras/tokenize", "input"),  # older llama-cpp-python -> {"tokens"}
 )
+# The endpoints that list the token ids (llama-cpp-python's count endpoint does not).
+_TOKEN_IDS_PROBES = tuple(probe for probe in _TOKENIZE_PROBES if probe[0] != "/extras/tokenize/count")
+_DETOKENIZE_PROBES: tuple[str, ...] = (
+    "/detokenize",  # vLLM -> {"prompt"}, the llama.cpp server -> {"content"}
+    "/extras/detokenize",  # llama-cpp-python -> {"text"}
+)
 
 T = TypeVar("T")
+V = TypeVar("V")
+R = TypeVar("R", TokenizeAnswer, DetokenizeAnswer)
 
 
 def openai_parameters(
@@ -223,6 +232,8 @@ class OpenAiBackend(GenerationBackend):
         self._health_path: str | None = None
         self._tokenize_probe: int | None = None
         self._tokenize_unsupported = False
+        # Per kind ("ids", "detokenize"): which of its probes answered (-1: none does).
+        self._probes: dict[str, int] = {}
         self._warned_auth = False
 
     # ------------------------------------------------------------ metadata
@@ -286,6 +297,39 @@ class OpenAiBackend(GenerationBackend):
         if self._tokenize_probe is None:
             logger.info("the backend has no tokenize endpoint: prompt lengths are estimated")
             self._tokenize_unsupported = True
+        return None
+
+    async def token_ids(self, text: str) -> list[int] | None:
+        requests = [(path, {"model": self._model, field: text}) for path, field in _TOKEN_IDS_PROBES]
+        return await self._probed("ids", requests, _ids_of)
+
+    async def detokenize(self, token_ids: list[int]) -> str | None:
+        requests = [(path, {"model": self._model, "tokens": token_ids}) for path in _DETOKENIZE_PROBES]
+        return await self._probed("detokenize", requests, _text_of)
+
+    async def _probed(
+        self,
+        kind: str,
+        requests: list[tuple[str, dict[str, Any]]],
+        read: Callable[[httpx.Response], V | None],
+    ) -> V | None:
+        """What ``read`` finds in the answer to the first of ``requests`` (path, body) that has it,
+        trying the one that answered before first; none is tried again once none answered."""
+        known = self._probes.get(kind)
+        if known == -1:
+            return None
+        for index in [known] if known is not None else range(len(requests)):
+            path, body = requests[index]
+            try:
+                response = await self._http.post(path, json=body)
+            except httpx.HTTPError:
+                return None
+            value = read(response)
+            if value is not None:
+                self._probes[kind] = index
+                return value
+        if known is None:
+            self._probes[kind] = -1
         return None
 
     # ------------------------------------------------------------ generation
@@ -411,10 +455,26 @@ class OpenAiBackend(GenerationBackend):
 
 
 def _token_count(response: httpx.Response) -> int | None:
+    answer = _answer(response, TokenizeAnswer)
+    return answer.token_count if answer is not None else None
+
+
+def _ids_of(response: httpx.Response) -> list[int] | None:
+    answer = _answer(response, TokenizeAnswer)
+    return answer.ids if answer is not None else None
+
+
+def _text_of(response: httpx.Response) -> str | None:
+    answer = _answer(response, DetokenizeAnswer)
+    return answer.detokenized if answer is not None else None
+
+
+def _answer(response: httpx.Response, reader: type[R]) -> R | None:
+    """A 200's body as ``reader`` reads it; None for any other answer."""
     if response.status_code != 200:
         return None
     try:
-        return TokenizeAnswer.model_validate_json(response.content).token_count
+        return reader.model_validate_json(response.content)
     except ValidationError:  # not JSON, or not an object
         return None
 

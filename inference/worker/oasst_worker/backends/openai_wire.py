@@ -59,6 +59,32 @@ class TokenizeAnswer(_Reader):
             return self.count
         return len(self.tokens) if self.tokens is not None else None
 
+    @property
+    def ids(self) -> list[int] | None:
+        """The token ids, when the answer lists them as integers (the llama.cpp server lists
+        ``{"id", "piece"}`` objects when asked for pieces)."""
+        if self.tokens is None:
+            return None
+        ids: list[int] = []
+        for token in self.tokens:
+            token_id = token.get("id") if isinstance(token, dict) else token
+            if not isinstance(token_id, int) or isinstance(token_id, bool):
+                return None
+            ids.append(token_id)
+        return ids
+
+
+class DetokenizeAnswer(_Reader):
+    """vLLM answers ``{"prompt"}``, the llama.cpp server ``{"content"}``, llama-cpp-python ``{"text"}``."""
+
+    prompt: OptionalStr = None
+    content: OptionalStr = None
+    text: OptionalStr = None
+
+    @property
+    def detokenized(self) -> str | None:
+        return next((t for t in (self.prompt, self.content, self.text) if t is not None), None)
+
 
 class ApiError(_Reader):
     message: Any = None

@@ -60,6 +60,14 @@ class GenerationBackend(BackendBase, Protocol):
         """The prompt's token count, or None when the backend cannot tell."""
         ...
 
+    async def token_ids(self, text: str) -> list[int] | None:
+        """The ids of the tokens of ``text`` as a prompt, or None when the backend cannot tell."""
+        return None
+
+    async def detokenize(self, token_ids: list[int]) -> str | None:
+        """The text of ``token_ids``, or None when the backend cannot tell."""
+        return None
+
     def generate_stream(
         self, prompt: str, params: SamplingParameters, max_new_tokens: int
     ) -> GenerationStream: ...

@@ -127,14 +127,34 @@ class TgiBackend(GenerationBackend):
         return response.status_code == 200
 
     async def count_tokens(self, text: str) -> int | None:
+        tokens = await self._tokenize(text)
+        return len(tokens) if tokens is not None else None
+
+    async def token_ids(self, text: str) -> list[int] | None:
+        tokens = await self._tokenize(text)
+        if tokens is None:
+            return None
+        ids: list[int] = []
+        for token in tokens:
+            token_id = token.get("id") if isinstance(token, dict) else None
+            if not isinstance(token_id, int) or isinstance(token_id, bool):
+                return None
+            ids.append(token_id)
+        return ids
+
+    async def _tokenize(self, text: str) -> list[object] | None:
+        """``/tokenize``'s tokens (``{"id", "text", "start", "stop"}`` each); TGI has no detokenize."""
         try:
             response = await self._http.post("/tokenize", json={"inputs": text})
         except httpx.HTTPError:
             return None
         if response.status_code != 200:
             return None
-        tokens = response.json()
-        return len(tokens) if isinstance(tokens, list) else None
+        try:
+            tokens = response.json()
+        except ValueError:
+            return None
+        return tokens if isinstance(tokens, list) else None
 
     async def generate_stream(
         self, prompt: str, params: SamplingParameters, max_new_tokens: int

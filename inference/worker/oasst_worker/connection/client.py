@@ -18,11 +18,15 @@ from websockets.exceptions import ConnectionClosed, InvalidStatus
 from oasst_shared.protocol import (
     MAX_ERROR_CHARS,
     Cancel,
+    Detokenize,
+    Detokenized,
     Drain,
     EmbedWork,
     Ping,
     Pong,
     ProtocolError,
+    Tokenize,
+    Tokenized,
     UpgradeRequired,
     Work,
     WorkerError,
@@ -54,6 +58,7 @@ class WorkerClient:
         self._stopped = asyncio.Event()
         self._ws: ClientConnection | None = None
         self._sender: FrameSender | None = None
+        self._background: set[asyncio.Task[None]] = set()  # answers being computed
 
     @property
     def factory(self) -> JobFactory:
@@ -143,7 +148,12 @@ class WorkerClient:
         try:
             await self._factory.prepare()
             await self._send(
-                worker_info(self._settings, self._factory.model_config, self._factory.backend_info)
+                worker_info(
+                    self._settings,
+                    self._factory.model_config,
+                    self._factory.backend_info,
+                    self._factory.tokenizer,
+                )
             )
             logger.info(
                 "connected to {} serving {}", work_url(self._settings), self._factory.model_config.name
@@ -183,6 +193,8 @@ class WorkerClient:
             self._start_job(frame)
         elif isinstance(frame, Cancel):
             self._jobs.cancel(frame.message_id)
+        elif isinstance(frame, (Tokenize, Detokenize)):
+            self._tokenize(frame)
         elif isinstance(frame, UpgradeRequired):
             raise FatalWorkerError(frame.detail)
 
@@ -217,6 +229,26 @@ class WorkerClient:
             self._refuse(work.message_id, str(exc), retryable=False)
             return
         self._jobs.start(job, self._send_from_job)
+
+    def _tokenize(self, frame: Tokenize | Detokenize) -> None:
+        """Answer in the background: frames are read in order, and a count is a backend round trip."""
+        tokenizer = self._factory.tokenizer if self._settings.answer_tokenize else None
+
+        async def answer() -> None:
+            if tokenizer is None:
+                reply: Tokenized | Detokenized = (
+                    Tokenized(request_id=frame.request_id, error="this worker does not tokenize")
+                    if isinstance(frame, Tokenize)
+                    else Detokenized(request_id=frame.request_id, error="this worker does not tokenize")
+                )
+            else:
+                reply = await tokenizer.answer(frame)
+            with contextlib.suppress(ConnectionClosed):  # the server does without the answer
+                await self._send(reply)
+
+        task = asyncio.create_task(answer(), name=f"{frame.type}-{frame.request_id}")
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _refuse(self, message_id: str, error: str, *, retryable: bool, unavailable: bool = False) -> None:
         """Answer work this worker will not run; in the background, as frames are read in order."""

@@ -23,6 +23,7 @@ from oasst_worker.backends.factory import backend_capabilities
 from oasst_worker.backends.records import BackendInfo
 from oasst_worker.connection.errors import FatalWorkerError
 from oasst_worker.settings import WorkerSettings
+from oasst_worker.tokenizing import PromptTokenizer
 
 WORKER_VERSION = "0.1.0"
 
@@ -54,18 +55,26 @@ async def open_connection(settings: WorkerSettings) -> ClientConnection:
 
 
 def worker_info(
-    settings: WorkerSettings, model_config: ModelConfig, backend: BackendInfo | None = None
+    settings: WorkerSettings,
+    model_config: ModelConfig,
+    backend: BackendInfo | None = None,
+    tokenizer: PromptTokenizer | None = None,
 ) -> WorkerInfo:
-    """The first frame on every connection: what this worker serves and how much at once, and what its
-    backend said about its model and build."""
+    """The first frame on every connection: what this worker serves and how much at once, what its
+    backend said about its model and build, and whether it counts prompts for the server (``tokenizer``,
+    unless the settings say not to)."""
     backend = backend or BackendInfo()
+    capabilities = backend_capabilities(settings)
+    if tokenizer is not None and settings.answer_tokenize:
+        capabilities.tokenize = True
+        capabilities.prompt_overhead_bytes = tokenizer.prompt_overhead()
     return WorkerInfo(
         model_config=model_config,
         max_parallel_requests=settings.max_parallel_requests,
         backend_kind=settings.backend_kind,
         worker_version=WORKER_VERSION,
         hardware=Hardware(cpu_count=os.cpu_count()),
-        capabilities=backend_capabilities(settings),
+        capabilities=capabilities,
         backend_model_id=_bounded(backend.model_id),
         backend_model_revision=_bounded(backend.model_revision),
         backend_version=_bounded(backend.backend_version),

@@ -18,6 +18,7 @@ from oasst_shared.protocol import MAX_ERROR_CHARS, EmbedWork, Work, WorkerError
 from oasst_shared.token_frames import TokenFrame
 from oasst_worker.backends.protocols import BackendBase
 from oasst_worker.backends.records import BackendError, BackendInfo
+from oasst_worker.tokenizing import PromptTokenizer
 
 # Writes one frame to the server (a token as a plain tuple, any other frame as its protocol model);
 # raises websockets' ConnectionClosed when the connection is gone.
@@ -50,6 +51,11 @@ class JobFactory(Protocol):
     @property
     def backend_info(self) -> BackendInfo | None:
         """What the backend said about its model at :meth:`prepare` (None: nothing)."""
+        ...
+
+    @property
+    def tokenizer(self) -> PromptTokenizer | None:
+        """Answers the server's tokenize frames (None: this kind of worker does not)."""
         ...
 
     async def prepare(self) -> None:

@@ -21,6 +21,7 @@ from oasst_shared.protocol import (
 from oasst_worker.backends.protocols import EmbeddingBackend
 from oasst_worker.backends.records import BackendError, BackendInfo, EmbeddingResult
 from oasst_worker.jobs.base import Send, WrongKindOfWork, backend_failure
+from oasst_worker.tokenizing import PromptTokenizer
 
 
 class EmbeddingJobFactory:
@@ -28,6 +29,7 @@ class EmbeddingJobFactory:
         self.backend = backend
         self.model_config = model_config
         self.backend_info: BackendInfo | None = None  # an encoder does not describe its build
+        self.tokenizer: PromptTokenizer | None = None  # the server counts no embedding inputs
 
     async def prepare(self) -> None:
         return None  # an encoder has no prompt template to resolve

@@ -42,6 +42,7 @@ from oasst_worker.backends.records import BackendError, BackendInfo, GenerationR
 from oasst_worker.jobs.base import Send, WrongKindOfWork, backend_died, backend_failure
 from oasst_worker.prompt_tokens import PromptCount
 from oasst_worker.prompting import PromptBuilder
+from oasst_worker.tokenizing import PromptTokenizer
 
 _CANCELLED_COUNT_WAIT = 1.0  # seconds
 
@@ -54,6 +55,7 @@ class GenerationJobFactory:
         self.model_config = model_config
         self._prompts = PromptBuilder(model_config, backend)
         self.backend_info: BackendInfo | None = None
+        self.tokenizer: PromptTokenizer | None = PromptTokenizer(self._prompts, backend)
 
     async def prepare(self) -> None:
         try:

@@ -201,20 +201,16 @@ async def _generate(
     else:
         await check_output_schemas(sampling)
     _check_capabilities(body, sampling, model)
-    await service.admit(session, caller, model)
-    messages: list[DbMessage] = []
-    for index in range(body.choices):
-        params = _sampling_of_choice(sampling, index)
-        if isinstance(body, ChatCompletionRequest):
-            system_prompt, thread = body.to_thread()
-            tools = body.tools if body.tools else None
-            messages.append(
-                await service.submit_chat(
-                    session, caller, model, params, system_prompt, thread, tools, body.tool_choice
-                )
-            )
-        else:
-            messages.append(await service.submit_completion(session, caller, model, params, body.prompt_text))
+    # One job per choice, admitted together: the limits count all of them.
+    choices = [_sampling_of_choice(sampling, index) for index in range(body.choices)]
+    if isinstance(body, ChatCompletionRequest):
+        system_prompt, thread = body.to_thread()
+        tools = body.tools if body.tools else None
+        messages = await service.submit_chat(
+            session, caller, model, choices, system_prompt, thread, tools, body.tool_choice
+        )
+    else:
+        messages = await service.submit_completion(session, caller, model, choices, body.prompt_text)
     await session.close()  # do not hold a database connection while the answer is generated
     message = messages[0]
     completion_id = f"{'chatcmpl' if chat else 'cmpl'}-{message.id}"
@@ -303,7 +299,6 @@ async def embeddings(
     """Embed each input with an embedding model's workers (one vector per input, in input order)."""
     model = await service.resolve_model(body.model, "embedding")
     inputs = body.inputs
-    await service.admit(session, caller, model)
     message = await service.submit_embedding(session, caller, model, inputs)
     await session.close()
     try:
