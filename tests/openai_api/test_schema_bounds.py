@@ -91,7 +91,7 @@ WEATHER_TOOL = {
     ("body", "param", "reason"),
     [
         (
-            {"response_format": json_schema_format(nested(200))},
+            {"response_format": json_schema_format(nested(40))},
             "response_format.json_schema.schema" + ".properties.a" * 32,
             "nested deeper than 64 levels",
         ),
@@ -113,7 +113,7 @@ WEATHER_TOOL = {
         ({"tools": [WEATHER_TOOL]}, "tools[0].function.parameters.properties.city.maxLength", "limit"),
         (
             {
-                "tools": [{"type": "function", "function": {"name": "deep", "parameters": nested(100)}}],
+                "tools": [{"type": "function", "function": {"name": "deep", "parameters": nested(40)}}],
                 "tool_choice": "none",
             },
             "tools[0].function.parameters" + ".properties.a" * 30,
@@ -151,10 +151,20 @@ def test_the_openai_sdk_sees_a_bad_request_naming_the_depth(client: openai.OpenA
         client.chat.completions.create(
             model=MODEL,
             messages=[{"role": "user", "content": "Hi"}],
-            response_format=json_schema_format(nested(200)),  # type: ignore[arg-type]
+            response_format=json_schema_format(nested(40)),  # type: ignore[arg-type]
             max_tokens=5,
         )
     assert "nested deeper than 64 levels" in str(caught.value)
+    # Deeper than any body may nest (128 levels, before the body is parsed): refused at the edge.
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            response_format=json_schema_format(nested(200)),  # type: ignore[arg-type]
+            max_tokens=5,
+        )
+    assert caught.value.code == "json_too_deep"
+    assert "this server accepts 128" in str(caught.value)
 
 
 def test_the_chat_api_refuses_them_with_its_own_error_shape(
@@ -165,7 +175,7 @@ def test_the_chat_api_refuses_them_with_its_own_error_shape(
     prompter = api.prompter(chat_id, "Hi")
     prompter.raise_for_status()
     for schema, field in (
-        (nested(200), "properties.a"),
+        (nested(40), "properties.a"),
         ({"type": "string", "maxLength": 20_000}, "maxLength"),
     ):
         response = api.assistant(

@@ -69,6 +69,8 @@ class GenerationJobFactory:
             if resolved is not self.model_config:
                 self.model_config = resolved
                 self._prompts = PromptBuilder(resolved, self.backend)
+                # Counts must render as the jobs do: with the builder the jobs get.
+                self.tokenizer = PromptTokenizer(self._prompts, self.backend)
         await self._prompts.prepare()
 
     def create(self, work: Work | EmbedWork) -> GenerationJob:
