@@ -16,31 +16,12 @@ import argparse
 import math
 import time
 
-from bench._common import (
-    INSTANT_MODEL,
-    BenchRun,
-    OurApi,
-    Report,
-    Table,
-    Target,
-    closed_loop,
-    cpu_seconds,
-    diff,
-    fmt_ratio,
-    http_client,
-    int_list,
-    login_users,
-    main_wrapper,
-    ms,
-    num,
-    parser,
-    peak_rss_mb,
-    prepare_ours,
-    ratio,
-    rss_mb,
-    stream_tgi,
-    summarize,
-)
+from bench.clients import OurApi, http_client, stream_tgi
+from bench.load import closed_loop, login_users, prepare_ours, summarize
+from bench.measure import cpu_seconds, diff, peak_rss_mb, ratio, rss_mb
+from bench.report import Report, Table, Target, fmt_ratio, ms, num
+from bench.script import int_list, main_wrapper, parser
+from bench.stack import INSTANT_MODEL, BenchRun
 
 SLOTS_PER_WORKER = 250
 PROMPT = "Tell me a long story about a lighthouse keeper."

@@ -22,24 +22,12 @@ import time
 import uuid
 from typing import Any
 
-from bench._common import (
-    REDIS_URL,
-    BenchRun,
-    OurApi,
-    Report,
-    Table,
-    Target,
-    connect_synthetic_worker,
-    http_client,
-    instant_model_config,
-    int_list,
-    main_wrapper,
-    message_times,
-    ms,
-    parser,
-    percentile,
-    wait_workers,
-)
+from bench.clients import OurApi, http_client
+from bench.measure import message_times, percentile
+from bench.report import Report, Table, Target, ms
+from bench.script import int_list, main_wrapper, parser
+from bench.stack import BenchRun, connect_synthetic_worker, instant_model_config, wait_workers
+from tests.support.services import REDIS_URL
 
 PROMPT = "Dispatch me."
 

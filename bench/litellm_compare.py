@@ -26,33 +26,13 @@ from pathlib import Path
 
 import httpx
 
-from bench._common import (
-    INSTANT_MODEL,
-    BenchRun,
-    LoadSummary,
-    OurApi,
-    Report,
-    StreamResult,
-    Table,
-    closed_loop,
-    cpu_seconds,
-    diff,
-    fmt_ratio,
-    free_port,
-    http_client,
-    int_list,
-    login_users,
-    main_wrapper,
-    ms,
-    num,
-    parser,
-    peak_rss_mb,
-    prepare_ours,
-    ratio,
-    stream_openai,
-    summarize,
-    tree_pids,
-)
+from bench.clients import OurApi, StreamResult, http_client, stream_openai
+from bench.load import LoadSummary, closed_loop, login_users, prepare_ours, summarize
+from bench.measure import cpu_seconds, diff, peak_rss_mb, ratio, tree_pids
+from bench.report import Report, Table, fmt_ratio, ms, num
+from bench.script import int_list, main_wrapper, parser
+from bench.stack import INSTANT_MODEL, BenchRun
+from tests.support.processes import free_port
 
 LITELLM_SPEC = "litellm[proxy]>=1.108,<1.109"
 DEFAULT_VENV = Path(os.environ.get("OASST_BENCH_LITELLM_VENV", "/tmp/oasst-bench-litellm"))

@@ -30,28 +30,13 @@ from typing import Any
 
 import httpx
 
-from bench._common import (
-    BenchRun,
-    OurApi,
-    Report,
-    Table,
-    Target,
-    connect_synthetic_worker,
-    cpu_seconds,
-    http_client,
-    instant_model_config,
-    login_users,
-    main_wrapper,
-    message_times,
-    ms,
-    num,
-    parser,
-    peak_rss_mb,
-    percentile,
-    rss_mb,
-    wait_workers,
-)
+from bench.clients import OurApi, http_client
+from bench.load import login_users
+from bench.measure import cpu_seconds, message_times, peak_rss_mb, percentile, rss_mb
 from bench.profile_hot_path import profile_during, py_spy, top_entries
+from bench.report import Report, Table, Target, ms, num
+from bench.script import main_wrapper, parser
+from bench.stack import BenchRun, connect_synthetic_worker, instant_model_config, wait_workers
 
 TOKENS = 4  # per stream: one at once, the rest after the release
 USERS = 100

@@ -24,21 +24,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench._common import (
-    INSTANT_MODEL,
-    BenchRun,
-    OurApi,
-    Report,
-    StreamResult,
-    Table,
-    cpu_seconds,
-    http_client,
-    login_users,
-    main_wrapper,
-    num,
-    parser,
-    summarize,
-)
+from bench.clients import OurApi, StreamResult, http_client
+from bench.load import login_users, summarize
+from bench.measure import cpu_seconds
+from bench.report import Report, Table, num
+from bench.script import main_wrapper, parser
+from bench.stack import INSTANT_MODEL, BenchRun
 
 PROMPT = "Profile me."
 # Each sample is charged to the layer of the innermost frame that belongs to one of these packages

@@ -17,27 +17,13 @@ import time
 
 import httpx
 
-from bench._common import (
-    MODEL_NAME,
-    BenchRun,
-    OurApi,
-    Report,
-    StreamResult,
-    Table,
-    Target,
-    diff,
-    fmt_ratio,
-    http_client,
-    main_wrapper,
-    median,
-    ms,
-    num,
-    parser,
-    percentile,
-    ratio,
-    signed_ms,
-)
+from bench.clients import OurApi, StreamResult, http_client
+from bench.measure import diff, median, percentile, ratio
 from bench.profile_hot_path import profile_during, py_spy, top_entries
+from bench.report import Report, Table, Target, fmt_ratio, ms, num, signed_ms
+from bench.script import main_wrapper, parser
+from bench.stack import BenchRun
+from tests.support.stacks import MODEL_NAME
 
 DECODE_GOAL = 0.99  # of the direct path's decode tokens/s
 ADDED_TTFT_GOAL = 0.010  # seconds, p50

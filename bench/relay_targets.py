@@ -37,33 +37,14 @@ from pathlib import Path
 
 import httpx
 
-from bench._common import (
-    INSTANT_MODEL,
-    BenchRun,
-    LoadSummary,
-    OurApi,
-    Report,
-    StreamResult,
-    Table,
-    Target,
-    closed_loop,
-    cpu_seconds,
-    diff,
-    fmt_ratio,
-    http_client,
-    login_users,
-    main_wrapper,
-    ms,
-    num,
-    parser,
-    ratio,
-    signed_ms,
-    stream_openai,
-    summarize,
-    tree_pids,
-)
+from bench.clients import OurApi, StreamResult, http_client, stream_openai
 from bench.litellm_compare import DEFAULT_VENV, ensure_litellm, start_litellm
+from bench.load import LoadSummary, closed_loop, login_users, summarize
+from bench.measure import cpu_seconds, diff, ratio, tree_pids
 from bench.profile_hot_path import profile_during, py_spy, top_entries
+from bench.report import Report, Table, Target, fmt_ratio, ms, num, signed_ms
+from bench.script import main_wrapper, parser
+from bench.stack import INSTANT_MODEL, BenchRun
 
 PROMPT = "Tell me a long story about a lighthouse keeper."
 MESSAGES = [{"role": "user", "content": PROMPT}]

@@ -23,32 +23,12 @@ from pathlib import Path
 
 import httpx
 
-from bench._common import (
-    INSTANT_MODEL,
-    BenchRun,
-    LoadSummary,
-    OurApi,
-    Report,
-    Table,
-    Target,
-    closed_loop,
-    cpu_seconds,
-    fmt_ratio,
-    http_client,
-    int_list,
-    login_users,
-    main_wrapper,
-    ms,
-    num,
-    parser,
-    peak_rss_mb,
-    prepare_ours,
-    ratio,
-    stream_tgi,
-    summarize,
-    tree_pids,
-    wait_workers,
-)
+from bench.clients import OurApi, http_client, stream_tgi
+from bench.load import LoadSummary, closed_loop, login_users, prepare_ours, summarize
+from bench.measure import cpu_seconds, peak_rss_mb, ratio, tree_pids
+from bench.report import Report, Table, Target, fmt_ratio, ms, num
+from bench.script import int_list, main_wrapper, parser
+from bench.stack import INSTANT_MODEL, BenchRun, wait_workers
 
 PROMPT = "Tell me about scaling out."
 

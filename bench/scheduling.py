@@ -21,19 +21,11 @@ import time
 import uuid
 
 from bench import dispatch_latency
-from bench._common import (
-    INSTANT_MODEL,
-    BenchRun,
-    OurApi,
-    Report,
-    Table,
-    Target,
-    http_client,
-    main_wrapper,
-    parser,
-    percentile,
-    wait_workers,
-)
+from bench.clients import OurApi, http_client
+from bench.measure import percentile
+from bench.report import Report, Table, Target
+from bench.script import main_wrapper, parser
+from bench.stack import INSTANT_MODEL, BenchRun, wait_workers
 
 PROMPT = "Tell me something."
 

@@ -26,25 +26,12 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from bench._common import (
-    INSTANT_MODEL,
-    MODEL_NAME,
-    BenchRun,
-    OurApi,
-    Report,
-    StreamResult,
-    Table,
-    http_client,
-    int_list,
-    main_wrapper,
-    message_times,
-    ms,
-    num,
-    parser,
-    percentile,
-    stream_tgi,
-    wait_workers,
-)
+from bench.clients import OurApi, StreamResult, http_client, stream_tgi
+from bench.measure import message_times, percentile
+from bench.report import Report, Table, ms, num
+from bench.script import int_list, main_wrapper, parser
+from bench.stack import INSTANT_MODEL, BenchRun, wait_workers
+from tests.support.stacks import MODEL_NAME
 
 PROMPTS = [
     "Hi! How are you today?",

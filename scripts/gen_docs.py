@@ -163,7 +163,9 @@ def field_name(name: str, info: FieldInfo) -> str:
 def description(cls: type, name: str, info: FieldInfo) -> str:
     if info.description:
         return rst_to_markdown(info.description)
-    return rst_to_markdown(source_comments(cls).get(name, ""))
+    # The comment is in the class that declares the field (a settings class may gather groups of them).
+    owner = next((c for c in cls.__mro__ if name in vars(c).get("__annotations__", {})), cls)
+    return rst_to_markdown(source_comments(owner).get(name, ""))
 
 
 # ---------------------------------------------------------------- rendering values and types
@@ -333,6 +335,17 @@ def protocol_examples(p: types.ModuleType) -> dict[str, BaseModel]:
             ],
         ),
         "Detokenize": p.Detokenize(request_id="q-8e2f1a0b9c4d3e7f6a5b", token_ids=[[7042]]),
+        "ModelSwitch": p.ModelSwitch(
+            request_id="sw-2c7e9a1f4b6d8e0a3c5f",
+            model_config_name="SmolLM2-135M-Instruct-Q8_0",
+            step="quantizing",
+            tensors_done=112,
+            tensors_total=272,
+        ),
+        "LoadModel": p.LoadModel(
+            request_id="sw-2c7e9a1f4b6d8e0a3c5f", model_config_name="SmolLM2-135M-Instruct-Q8_0"
+        ),
+        "UnloadModel": p.UnloadModel(request_id="sw-9a0b1c2d3e4f5a6b7c8d"),
         "UpgradeRequired": p.UpgradeRequired(
             server_protocol_version=p.PROTOCOL_VERSION,
             min_supported_version=p.MIN_SUPPORTED_PROTOCOL_VERSION,
@@ -453,6 +466,20 @@ def render_protocol() -> str:
         "`OASST_SERVER_MAX_BACKEND_DEATHS` the message fails instead of going to another backend (a "
         "message that crashes backends is not sent to one after another); below it, it is retried as any "
         "failure is."
+    )
+    w(
+        "- **Continuation** (protocol 5). When a worker is lost after its answer's text was streamed "
+        "(its socket closed, its lease or in-progress bound ran out, its backend failed or died), the "
+        "server keeps that text and sends the message, with `answer_prefix` set to it, to the next "
+        "worker whose capabilities say `continue_answer`. That worker renders the prompt as for the first "
+        "try, puts the prefix right after it (no end-of-turn), counts the prefix against the input limit "
+        "and against `max_new_tokens`, generates what follows, and streams and returns only that part, "
+        "with `generated_text.prefix_tokens`; the server stores the prefix and that part as one answer. "
+        f"A TGI-style backend is told where the prefix starts (the `{p.ANSWER_START_HEADER}` header, a "
+        "character index into `inputs`): the bundled CPU backend then evaluates the prefix's tokens one a "
+        "step, as it generated them, so a greedy answer continues exactly. A worker that cannot continue "
+        "(a backend that takes chat messages) gets the message without the prefix and starts it over "
+        "(readers get a `retry` event). See docs/failure-semantics.md for which cases continue."
     )
     w(
         "- **Encoding.** Every frame is one websocket text frame holding one JSON object, UTF-8; the field "

@@ -200,7 +200,8 @@ def main() -> int:
             f"  OpenAI base URL: {server_url}/v1\n"
             f"  OpenAI API key:  {api_key or 'create one with POST /api_keys (docs/openai-api.md)'}"
             f"   (user 'demo')\n"
-            f"  Model:           SmolLM2-135M-Instruct\n"
+            f"  Models:          SmolLM2-135M-Instruct (loaded), SmolLM2-135M-Instruct-Q8_0 (made and loaded\n"
+            f"                   on first use: the worker switches; docs/models.md)\n"
             f"  Text client:     .venv/bin/oasst-chat --server-url {server_url}\n"
             f"  Backend (TGI):   {backend_url}\n"
             f"Press Ctrl-C to stop.\n",

@@ -29,6 +29,17 @@ whether it answers them (``WorkerCapabilities.tokenize``). :class:`Work` may car
 The server sends neither to older workers (:func:`dump_work` drops the field; older workers are never
 asked to count).
 
+Protocol 6 (additive): models that follow demand. A worker whose backend can switch models lists the
+model configs it can serve in ``WorkerInfo.servable`` and says whether its backend holds a model now
+(``WorkerInfo.loaded``). The server may send it :class:`LoadModel` or :class:`UnloadModel`; from then on
+it sends that worker no new work. The worker drains (its in-flight answers finish), unloads before it
+loads, reports each step in :class:`ModelSwitch` frames (with the quantizer's progress where there is
+one), and ends with a fresh :class:`WorkerInfo` saying what it serves now: the new model, or the
+previous one if the load failed (its last ``model_switch`` then has step ``failed``), or, after an
+unload, the model it last served with ``loaded`` false. The server never sends either frame to an older
+worker nor to one with an empty ``servable``; a ``worker_info`` frame after the first is accepted only
+from a protocol 6 worker that was told to switch.
+
 The hot frames, ``token`` and ``token_batch``, are written and read without pydantic by
 :mod:`oasst_shared.token_frames`, to the same schema: these models define them and document them.
 
@@ -61,15 +72,25 @@ from oasst_shared.tool_calls import ToolCall, ToolChoice, ToolDefinition
 # 2 added TokenBatch; a server speaking 2 still accepts 1, whose workers send a frame per token.
 # 3 added worker capabilities, tools, tool calls, logprobs and WorkerError.backend_unavailable; a server
 # speaking 3 still accepts 1 and 2.
-# 4 added EmbeddingsPart, WorkerError.backend_died, tokenize/tokenized, detokenize/detokenized,
+# 4 added EmbeddingsPart, WorkerError.backend_died and .request_refused, tokenize/tokenized, detokenize/detokenized,
 # WorkerCapabilities.tokenize and Work.cut_newest_turn; a server speaking 4 still accepts 1 to 3.
-PROTOCOL_VERSION = 4
+# 5 added continuation: Work.answer_prefix, WorkerCapabilities.continue_answer and
+# GeneratedText.prefix_tokens; and GeneratedText.cached_tokens; a server speaking 5 still accepts 1 to 4.
+# 6 added model switching: WorkerInfo.servable and .loaded, load_model/unload_model, model_switch and a
+# worker_info frame after a switch; a server speaking 6 still accepts 1 to 5.
+PROTOCOL_VERSION = 6
 TOOLS_PROTOCOL_VERSION = 3
 TOKENIZE_PROTOCOL_VERSION = 4
+CONTINUATION_PROTOCOL_VERSION = 5
+SWITCHING_PROTOCOL_VERSION = 6
 MIN_SUPPORTED_PROTOCOL_VERSION = 1
 
 API_KEY_HEADER = "X-API-Key"
 PROTOCOL_VERSION_HEADER = "X-Protocol-Version"
+# Worker -> a TGI-style backend, on a continuation: the character index in ``inputs`` where the start of
+# the answer (generated earlier) begins. The bundled CPU backend evaluates those tokens as it evaluates
+# generated ones, so a greedy answer continues exactly; TGI ignores the header.
+ANSWER_START_HEADER = "X-Answer-Start"
 
 # Websocket close codes (RFC 6455 and the private 4000-4999 range).
 CLOSE_POLICY_VIOLATION = 1008
@@ -99,6 +120,8 @@ _MAX_FLOAT_JSON_BYTES = 25
 _FRAME_ENVELOPE_BYTES = 1024
 # The most texts (or token id lists) one tokenize or detokenize frame carries.
 MAX_TOKENIZE_INPUTS = 64
+# The most model configs a worker may list as servable (protocol 6).
+MAX_SERVABLE_MODELS = 64
 
 FinishReason = Literal["length", "eos_token", "stop_sequence", "cancelled"]
 BackendKind = Literal["tgi", "openai", "cpu", "embedding", "fake"]
@@ -211,6 +234,11 @@ class WorkerCapabilities(BaseModel):
         "prompt and one turn. A prompt has at most its text's bytes plus this plus 8 tokens "
         "(oasst_shared.token_bounds): the server asks for a count only when that bound is over the limit.",
     )
+    continue_answer: bool = Field(
+        False,
+        description="Protocol 5: the worker continues a `work` frame's `answer_prefix` (the start of an answer "
+        "an earlier worker generated before it was lost) instead of starting the answer over.",
+    )
 
     @classmethod
     def common(cls, all_capabilities: list[WorkerCapabilities]) -> WorkerCapabilities:
@@ -290,6 +318,23 @@ def _most(values: Iterable[int | None]) -> int | None:
 # ---------------------------------------------------------------- worker -> server
 
 
+class ServableModel(BaseModel):
+    """A model config a worker can switch to (protocol 6), with what a switch to it costs there."""
+
+    model_config = ConfigDict(extra="forbid", protected_namespaces=())
+
+    config: ModelConfig = Field(description="The model config, as the worker's registry has it.")
+    memory_bytes: int | None = Field(
+        None, ge=0, description="Memory the loaded model takes on this worker, where it is known."
+    )
+    load_seconds: float | None = Field(
+        None,
+        ge=0,
+        le=86_400,
+        description="How long its last load took on this worker (quantizing included), where it was loaded.",
+    )
+
+
 class WorkerInfo(_Frame):
     """The worker's first frame: what it serves and how much at once."""
 
@@ -331,8 +376,26 @@ class WorkerInfo(_Frame):
         description="Protocol 3: the backend's software build where it tells it (TGI `version` and `sha`, "
         "the CPU backend's version and llama.cpp version); greedy output repeats exactly within one build.",
     )
+    servable: list[ServableModel] = Field(
+        default_factory=list,
+        max_length=MAX_SERVABLE_MODELS,
+        description="Protocol 6: the model configs this worker can switch its backend to (`model_config` "
+        "among them); empty: the worker serves `model_config` only and is never told to switch.",
+    )
+    loaded: bool = Field(
+        True,
+        description="Protocol 6: false when the backend holds no model (after an `unload_model`): the worker "
+        "takes no work until it is told to load one; `model_config` is the model it last served.",
+    )
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True, protected_namespaces=())
+
+    @model_validator(mode="after")
+    def _servable_names_are_unique(self) -> WorkerInfo:
+        names = [s.config.name for s in self.servable]
+        if len(set(names)) != len(names):
+            raise ValueError("servable lists a model config twice")
+        return self
 
 
 class Pong(_Frame):
@@ -393,6 +456,19 @@ class GeneratedText(_Frame):
         description="Protocol 3: the answer is these calls (its text is then empty); their JSON arguments "
         "match the called tool's parameters where the backend constrained them.",
     )
+    prefix_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="Protocol 5, for a work with an `answer_prefix`: the prefix's tokens as the backend counts "
+        "them. `text` and `generated_tokens` are then this worker's part only, after the prefix; "
+        "`prompt_tokens` does not count the prefix.",
+    )
+    cached_tokens: int | None = Field(
+        None,
+        ge=0,
+        description="Protocol 5: the prompt tokens the backend served from its prefix cache, where it tells "
+        "(the bundled CPU backend); at most `prompt_tokens`.",
+    )
 
 
 class Embeddings(_Frame):
@@ -434,8 +510,10 @@ class WorkerError(_Frame):
 
     ``backend_died`` (protocol 4): the backend died while it ran the job; the server counts it against
     the message (poison detection), and the worker takes no work until its backend is healthy again.
-    Written only when true (:func:`dump_frame` leaves a false one out), so the frame reads the same to
-    a server of any version.
+
+    ``request_refused`` (protocol 4): the backend judged the request invalid; the message fails as the
+    request's fault (a 400 on ``/v1``), not as a server error. Both are written only when true
+    (:func:`dump_frame` leaves a false one out), so the frame reads the same to a server of any version.
     """
 
     type: Literal["error"] = "error"
@@ -461,12 +539,40 @@ class WorkerError(_Frame):
         "then failed: it died, maybe of this message. The server counts it against the message and fails "
         "the message after `max_backend_deaths` instead of sending it to another backend.",
     )
+    request_refused: bool = Field(
+        False,
+        description="Protocol 4: the backend judged the request itself invalid (HTTP 400/413/422, a "
+        "validation error): the message fails as the request's fault (state `refused`; a 400 on `/v1`) "
+        "and is not tried elsewhere. Written only when true.",
+    )
 
 
 class Drain(_Frame):
     """The worker finishes its in-flight work and takes nothing new."""
 
     type: Literal["drain"] = "drain"
+
+
+SwitchStep = Literal["draining", "unloading", "quantizing", "loading", "starting", "ready", "failed"]
+
+
+class ModelSwitch(_Frame):
+    """A step of a switch the server asked for with :class:`LoadModel` or :class:`UnloadModel` (protocol
+    6). ``ready`` and ``failed`` are followed by a :class:`WorkerInfo` saying what the worker serves now;
+    except a ``failed`` that refuses a switch asked for while another runs: the running switch's own
+    ``worker_info`` follows it."""
+
+    type: Literal["model_switch"] = "model_switch"
+    request_id: MessageId = Field(description="The `request_id` of the `load_model` or `unload_model`.")
+    model_config_name: str = Field(
+        max_length=256, description="The model config loaded (or, for an unload, the one unloaded)."
+    )
+    step: SwitchStep = Field(description="What the worker does now.")
+    tensors_done: int | None = Field(None, ge=0, description="Quantizing: tensors written so far.")
+    tensors_total: int | None = Field(None, ge=0, description="Quantizing: tensors in all.")
+    error: SafeText | None = Field(
+        None, max_length=MAX_ERROR_CHARS, description="Step `failed`: why (the worker serves what it did)."
+    )
 
 
 class Tokenized(_Frame):
@@ -518,6 +624,7 @@ AnyWorkerFrame = (
     | Drain
     | Tokenized
     | Detokenized
+    | ModelSwitch
 )
 WorkerFrame = Annotated[AnyWorkerFrame, Field(discriminator="type")]
 
@@ -561,6 +668,13 @@ class Work(_Frame):
         "input limit, drop the start of the newest turn's text until they do (the chat API's "
         "`chat_prompt_overflow: cut`), instead of failing the message.",
     )
+    answer_prefix: str | None = Field(
+        None,
+        description="Protocol 5, only to workers whose capabilities say `continue_answer`: the start of the "
+        "answer, generated by an earlier worker that was lost. The worker puts it after the prompt (no "
+        "end-of-turn after it), generates what follows with `max_new_tokens` less the prefix's tokens, and "
+        "streams and returns only what follows (see `generated_text.prefix_tokens`).",
+    )
 
     @property
     def needs_protocol_3(self) -> bool:
@@ -568,7 +682,8 @@ class Work(_Frame):
 
     @model_validator(mode="after")
     def _text_is_valid(self) -> Work:
-        texts = [t.content for t in self.thread] + [self.system_prompt or "", self.raw_prompt or ""]
+        texts = [t.content for t in self.thread]
+        texts += [self.system_prompt or "", self.raw_prompt or "", self.answer_prefix or ""]
         for text in texts:
             problem = text_problem(text)
             if problem is not None:
@@ -578,13 +693,16 @@ class Work(_Frame):
 
 _PROTOCOL_3_WORK_FIELDS = {"tools", "tool_choice"}
 _PROTOCOL_4_WORK_FIELDS = {"cut_newest_turn"}
+_PROTOCOL_5_WORK_FIELDS = {"answer_prefix"}
 
 
 def dump_work(work: Work, protocol_version: int) -> str:
     """The work frame as a worker speaking ``protocol_version`` reads it (older ones forbid new fields)."""
-    if protocol_version >= TOKENIZE_PROTOCOL_VERSION:
+    if protocol_version >= CONTINUATION_PROTOCOL_VERSION:
         return dump_frame(work)
-    newer = set(_PROTOCOL_4_WORK_FIELDS)
+    newer = set(_PROTOCOL_5_WORK_FIELDS)
+    if protocol_version < TOKENIZE_PROTOCOL_VERSION:
+        newer |= _PROTOCOL_4_WORK_FIELDS
     if protocol_version < TOOLS_PROTOCOL_VERSION:
         newer |= _PROTOCOL_3_WORK_FIELDS
     return work.model_dump_json(by_alias=True, exclude=newer)
@@ -637,6 +755,24 @@ class Detokenize(_Frame):
     )
 
 
+class LoadModel(_Frame):
+    """Serve ``model_config_name`` (one of the worker's ``servable``) instead of the model it serves now
+    (protocol 6). The worker drains, unloads, loads, reports :class:`ModelSwitch` steps and a fresh
+    :class:`WorkerInfo`; if the load fails it serves the previous model again."""
+
+    type: Literal["load_model"] = "load_model"
+    request_id: MessageId = Field(description="Echoed in the `model_switch` frames.")
+    model_config_name: str = Field(max_length=256, description="The servable model config to load.")
+
+
+class UnloadModel(_Frame):
+    """Free the backend's memory (protocol 6): the worker drains, unloads its model and answers with a
+    :class:`WorkerInfo` whose ``loaded`` is false; it takes no work until a :class:`LoadModel`."""
+
+    type: Literal["unload_model"] = "unload_model"
+    request_id: MessageId = Field(description="Echoed in the `model_switch` frames.")
+
+
 class UpgradeRequired(_Frame):
     """Sent before closing a worker whose protocol version the server no longer speaks."""
 
@@ -646,7 +782,9 @@ class UpgradeRequired(_Frame):
     detail: str = Field(description="What to upgrade, in words.")
 
 
-AnyServerFrame = Work | EmbedWork | Cancel | Ping | UpgradeRequired | Tokenize | Detokenize
+AnyServerFrame = (
+    Work | EmbedWork | Cancel | Ping | UpgradeRequired | Tokenize | Detokenize | LoadModel | UnloadModel
+)
 ServerFrame = Annotated[AnyServerFrame, Field(discriminator="type")]
 
 _worker_frame_adapter: TypeAdapter[WorkerFrame] = TypeAdapter(WorkerFrame)
@@ -668,13 +806,19 @@ def parse_server_frame(data: str | bytes) -> AnyServerFrame:
 
 
 def dump_frame(frame: BaseModel) -> str:
-    if isinstance(frame, WorkerError) and not frame.backend_died:
-        # Protocol 4's field only where it says something: the frame reads the same to any server.
-        return frame.model_dump_json(by_alias=True, exclude_none=False, exclude=_PROTOCOL_4_ERROR_FIELDS)
+    if isinstance(frame, WorkerError):
+        # Protocol 4's fields only where they say something: the frame reads the same to any server.
+        unsaid = {name for name in _PROTOCOL_4_ERROR_FIELDS if not getattr(frame, name)}
+        return frame.model_dump_json(by_alias=True, exclude_none=False, exclude=unsaid)
+    if isinstance(frame, GeneratedText):
+        # Protocol 5's fields only where they say something: such a result reads the same to any server.
+        unsaid = {name for name in _PROTOCOL_5_RESULT_FIELDS if getattr(frame, name) is None}
+        return frame.model_dump_json(by_alias=True, exclude_none=False, exclude=unsaid)
     return frame.model_dump_json(by_alias=True, exclude_none=False)
 
 
-_PROTOCOL_4_ERROR_FIELDS = {"backend_died"}
+_PROTOCOL_4_ERROR_FIELDS = ("backend_died", "request_refused")
+_PROTOCOL_5_RESULT_FIELDS = ("prefix_tokens", "cached_tokens")
 
 
 def embeddings_frames(

@@ -29,6 +29,7 @@ class MessageState(str, enum.Enum):
     cancelled = "cancelled"
     timeout = "timeout"
     failed = "failed"
+    refused = "refused"  # the model's backend refused the request as invalid: the request's fault
 
     @property
     def is_terminal(self) -> bool:
@@ -99,6 +100,8 @@ class MessageRead(BaseModel):
     finish_reason: str | None = None
     generated_tokens: int | None = None
     prompt_tokens: int | None = None
+    # Of the prompt tokens, those the worker's backend served from its prefix cache, where it tells.
+    cached_tokens: int | None = None
     attempts: int = 0
     work_parameters: dict[str, object] | None = None
     # The calls the answer made instead of text (OpenAI-compatible requests with tools).
@@ -232,6 +235,9 @@ class PendingEvent(BaseModel):
     queue_size: int
     # Seconds until a worker takes the message, from the measured throughput of the model's workers.
     estimated_wait_seconds: float | None = None
+    # True while no worker has the model loaded and one is loading it (or can): the message waits for a
+    # load (models on demand, protocol 6). Absent otherwise.
+    loading_model: bool | None = None
 
 
 class TokenEvent(BaseModel):
@@ -245,6 +251,15 @@ class RetryEvent(BaseModel):
     """The worker that was generating this message was lost: discard the partial text received."""
 
     event_type: Literal["retry"] = "retry"
+    attempt: int
+    reason: str
+
+
+class ContinuationEvent(BaseModel):
+    """The worker that was generating this message was lost, and another goes on from the text already
+    streamed: keep it. The tokens that follow continue the answer (no text is repeated)."""
+
+    event_type: Literal["continuation"] = "continuation"
     attempt: int
     reason: str
 
@@ -269,7 +284,14 @@ class ErrorEvent(BaseModel):
 
 
 StreamEvent = Annotated[
-    CreatedEvent | PendingEvent | TokenEvent | RetryEvent | GapEvent | MessageEvent | ErrorEvent,
+    CreatedEvent
+    | PendingEvent
+    | TokenEvent
+    | RetryEvent
+    | ContinuationEvent
+    | GapEvent
+    | MessageEvent
+    | ErrorEvent,
     Field(discriminator="event_type"),
 ]
 TERMINAL_EVENT_TYPES = frozenset({"message", "error"})

@@ -54,6 +54,7 @@ WORKER_FRAMES = [
     WorkerError(message_id="m", error="boom", retryable=True),
     WorkerError(error="backend down"),
     WorkerError(message_id="m", error="the backend died", retryable=True, backend_died=True),
+    WorkerError(message_id="m", error="HTTP 422: invalid JSON schema", request_refused=True),
     Embeddings(message_id="m", embeddings=[[0.5, -1.0]], prompt_tokens=4),
     EmbeddingsPart(message_id="m", start=0, embeddings=[[0.25, 1e-300]]),
     Drain(),
@@ -257,11 +258,40 @@ def test_a_small_embedding_result_is_one_frame_as_before() -> None:
 
 
 def test_a_worker_error_reads_the_same_to_an_older_server_unless_the_backend_died() -> None:
-    assert PROTOCOL_VERSION == 4
+    assert PROTOCOL_VERSION >= 4
     plain = json.loads(dump_frame(WorkerError(message_id="m", error="e", retryable=True)))
     assert "backend_died" not in plain  # a server of protocol 3 forbids unknown fields
+    assert "request_refused" not in plain
     died = parse_worker_frame(dump_frame(WorkerError(message_id="m", error="e", backend_died=True)))
     assert isinstance(died, WorkerError) and died.backend_died
+    assert "request_refused" not in dump_frame(died)
+    refused = parse_worker_frame(dump_frame(WorkerError(message_id="m", error="e", request_refused=True)))
+    assert isinstance(refused, WorkerError) and refused.request_refused and not refused.backend_died
+    assert "backend_died" not in dump_frame(refused)
+
+
+def test_a_result_reads_the_same_to_an_older_server_unless_it_continues_or_tells_its_cache() -> None:
+    """Protocol 5's result fields only where they say something; its work field only for protocol 5."""
+    plain = json.loads(
+        dump_frame(GeneratedText(message_id="m", text="t", finish_reason="length", generated_tokens=1))
+    )
+    assert (
+        "prefix_tokens" not in plain and "cached_tokens" not in plain
+    )  # a server of protocol 4 forbids them
+    told = GeneratedText(
+        message_id="m", text="t", finish_reason="length", generated_tokens=1, prefix_tokens=3, cached_tokens=0
+    )
+    again = parse_worker_frame(dump_frame(told))
+    assert isinstance(again, GeneratedText) and again.prefix_tokens == 3 and again.cached_tokens == 0
+    work = Work(
+        message_id="m",
+        model_config_name="x",
+        thread=[ChatTurn(role="user", content="hi")],
+        answer_prefix="Once",
+    )
+    assert json.loads(dump_work(work, PROTOCOL_VERSION))["answer_prefix"] == "Once"
+    assert "answer_prefix" not in json.loads(dump_work(work, 4))
+    assert "cut_newest_turn" not in json.loads(dump_work(work, 3))
 
 
 def test_the_message_of_a_frame_too_deep_to_parse_is_found() -> None:

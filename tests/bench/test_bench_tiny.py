@@ -187,3 +187,12 @@ def test_many_streams(tmp_path):
     assert 10 < m["server_peak_rss_mib"] < 4096
     (target,) = report["targets"]
     assert target["met"] is True
+
+
+def test_cpu_batching(tmp_path):
+    report = run_tiny("cpu_batching", tmp_path)
+    m = report["metrics"]
+    assert m["tokens_per_s_1"] > 0 and m["tokens_per_s_4"] > 0
+    assert m["cpu_ms_per_token_1"] > 0 and m["cpu_ms_per_token_4"] > 0
+    assert plausible_seconds(m["ttft_cold"]) and plausible_seconds(m["ttft_warm"])
+    assert {t["name"] for t in report["targets"]} == {"CPU backend batching", "CPU backend prefix cache"}

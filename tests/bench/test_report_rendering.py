@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from bench import _common, profile_hot_path, run_all
+from bench import clients, load, measure, profile_hot_path, run_all
 
 
 def test_percentiles_are_nearest_rank():
     values = [float(v) for v in range(1, 101)]
-    assert _common.percentile(values, 50) == 50
-    assert _common.percentile(values, 99) == 99
-    assert _common.percentile([3.0], 99) == 3.0
-    assert _common.percentile([], 50) is None
-    assert _common.median([1.0, 2.0, 3.0, 10.0]) == 2.5
+    assert measure.percentile(values, 50) == 50
+    assert measure.percentile(values, 99) == 99
+    assert measure.percentile([3.0], 99) == 3.0
+    assert measure.percentile([], 50) is None
+    assert measure.median([1.0, 2.0, 3.0, 10.0]) == 2.5
 
 
 def test_closed_loop_runs_every_index_once_on_its_task():
@@ -21,12 +21,12 @@ def test_closed_loop_runs_every_index_once_on_its_task():
 
     seen: list[tuple[int, int]] = []
 
-    async def request(task: int, index: int) -> _common.StreamResult:
+    async def request(task: int, index: int) -> clients.StreamResult:
         seen.append((task, index))
         await asyncio.sleep(0)
-        return _common.StreamResult(started=0.0, ended=1.0, ok=True, tokens=1)
+        return clients.StreamResult(started=0.0, ended=1.0, ok=True, tokens=1)
 
-    results = asyncio.run(_common.closed_loop(3, 10, request))
+    results = asyncio.run(load.closed_loop(3, 10, request))
     assert len(results) == 10
     assert sorted(i for _, i in seen) == list(range(10))
     assert all(i % 3 == task for task, i in seen)
@@ -61,14 +61,24 @@ def test_the_report_keeps_the_hand_written_analysis(tmp_path):
     ]
     from datetime import datetime, timezone
 
-    generated = run_all.render(reports, command="make bench", tiny=False, started=datetime.now(timezone.utc))
+    started = datetime.now(timezone.utc)
+    generated = run_all.render(reports, command="make bench", tiny=False, started=started)
     run_all.write(out, generated)
+    details = run_all.details_path(out)
+    assert details == tmp_path / "performance-results.md"
+    details.write_text(run_all.render_details(reports, command="make bench", tiny=False, started=started))
     text = out.read_text()
     assert text.startswith("# Performance")
     assert "| a target | <= 5 ms | 3 ms | met |" in text
-    assert "| a | b\\|c |" in text
-    assert "dispatch_latency: did not complete" in text and "boom" in text
     assert "cores" in text and "make bench" in text
+    assert "dispatch_latency | **did not complete**" in text and "(performance-results.md)" in text
+    # Every table, and the output of a script that failed, go to the results file beside it.
+    tables = details.read_text()
+    assert tables.startswith("# Performance")
+    assert "| a | b\\|c |" in tables
+    assert "dispatch_latency: did not complete" in tables and "boom" in tables
+    assert "cores" in tables and "make bench" in tables
+    assert "| a target |" not in tables and run_all.BEGIN not in tables
     # A hand-written analysis after the generated part survives the next run.
     out.write_text(text.replace("(Written by hand", "Our analysis: the broker is cheap.\n(Written by hand"))
     run_all.write(
@@ -79,6 +89,10 @@ def test_the_report_keeps_the_hand_written_analysis(tmp_path):
     )
     text = out.read_text()
     assert "Our analysis: the broker is cheap." in text
+    # Writing the same part again changes nothing (no blank line gathers at the end marker).
+    inside = text.split(run_all.BEGIN, 1)[1].split(run_all.END, 1)[0]
+    run_all.write(out, run_all.BEGIN + inside + run_all.END + "\n")
+    assert out.read_text() == text
     assert "Title of relay_efficiency" in text and "Title of broker_overhead" not in text
     assert text.count(run_all.BEGIN) == 1 and text.count(run_all.END) == 1
 
@@ -99,7 +113,7 @@ def test_the_peer_summary_compares_with_litellm():
         ("sqlalchemy/orm/session.py", "sqlalchemy"),
         ("<frozen runpy>", "runpy"),
         ("asyncio/runners.py", "asyncio"),
-        ("oasst_inference_server/dispatch/worker_connection.py", "oasst_inference_server"),
+        ("oasst_inference_server/workers/worker_connection.py", "oasst_inference_server"),
         ("/x/.venv/lib/python3.11/site-packages/redis/asyncio/client.py", "redis"),
         ("/usr/lib/python3.11/json/encoder.py", "json"),
     ],
@@ -111,8 +125,8 @@ def test_profile_frames_are_grouped_by_package(path, package):
 def test_profile_analysis_counts_own_and_inclusive_time():
     raw = "\n".join(
         [
-            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/dispatch/worker_connection.py:140);xadd (redis/commands/core.py:10) 6",
-            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/dispatch/worker_connection.py:140) 2",
+            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/workers/worker_connection.py:140);xadd (redis/commands/core.py:10) 6",
+            "main (oasst_inference_server/__main__.py:1);_receive (oasst_inference_server/workers/worker_connection.py:140) 2",
             "main (oasst_inference_server/__main__.py:1);dumps (json/__init__.py:200) 2",
             "garbage line",
         ]
@@ -121,7 +135,7 @@ def test_profile_analysis_counts_own_and_inclusive_time():
     assert result.samples == 10
     assert result.packages["redis"] == 6 and result.packages["json"] == 2
     assert result.own["xadd (redis/commands/core.py)"] == 6
-    assert result.inclusive["_receive (oasst_inference_server/dispatch/worker_connection.py)"] == 8
+    assert result.inclusive["_receive (oasst_inference_server/workers/worker_connection.py)"] == 8
     assert result.inclusive["main (oasst_inference_server/__main__.py)"] == 10
 
 
@@ -149,3 +163,15 @@ def test_profile_samples_are_charged_to_the_innermost_known_layer():
     assert layers[profile_hot_path.LAYERS["redis"]] == 4
     assert layers[profile_hot_path.LAYERS["logging"]] == 2
     assert layers[profile_hot_path.EVENT_LOOP] == 3
+
+
+def test_the_checked_in_report_has_one_generated_part_between_hand_written_ones():
+    from bench import ROOT
+
+    text = (ROOT / "docs" / "performance.md").read_text()
+    assert text.count(run_all.BEGIN) == 1 and text.count(run_all.END) == 1
+    before, rest = text.split(run_all.BEGIN)
+    generated, after = rest.split(run_all.END)
+    assert "## Running the benchmarks" in before and "## Where each target stands" in after
+    assert "| target | goal | measured | status |" in generated
+    assert (ROOT / "docs" / run_all.DETAILS_NAME).exists()

@@ -3,7 +3,9 @@ so each side checks the other)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -52,10 +54,20 @@ class ChatApi:
         self, chat_id: str, message_id: str, last_event_id: str | None = None, limit: int | None = None
     ) -> list[SseEvent]:
         """Read the event stream until its terminal event (or ``limit`` events)."""
+        out: list[SseEvent] = []
+        with contextlib.closing(self.follow(chat_id, message_id, last_event_id)) as events:
+            for event in events:
+                out.append(event)
+                if limit is not None and len(out) >= limit:
+                    break
+        return out
+
+    def follow(self, chat_id: str, message_id: str, last_event_id: str | None = None) -> Iterator[SseEvent]:
+        """The event stream's events as they come, on one connection, until its terminal event (closing the
+        iterator closes the connection)."""
         headers = {"Accept": "text/event-stream"}
         if last_event_id:
             headers["Last-Event-ID"] = last_event_id
-        out: list[SseEvent] = []
         with self.client.stream(
             "GET", f"/chats/{chat_id}/messages/{message_id}/events", headers=headers
         ) as response:
@@ -69,13 +81,10 @@ class ChatApi:
                     data.append(line[5:].lstrip(" "))
                 elif line == "" and data:
                     event = SseEvent(event_id, json.loads("\n".join(data)))
-                    out.append(event)
                     event_id, data = None, []
+                    yield event
                     if event.data["event_type"] in ("message", "error"):
-                        break
-                    if limit is not None and len(out) >= limit:
-                        break
-        return out
+                        return
 
     def ask(self, chat_id: str, content: str, model: str, parent_id: str | None = None, **sampling: Any):
         """Send a prompt, queue an answer, and return (assistant message id, events)."""

@@ -222,8 +222,10 @@ async def test_a_worker_socket_fuzzer_leaves_the_server_and_other_workers_untouc
                 f"{stack.ws_url}/workers/work", additional_headers=headers(), max_size=None
             ) as fuzzer:
                 await fuzzer.send(hello() if index % 2 else dump_frame(info))
-                await fuzzer.send(bad)
                 try:
+                    # The server may close the socket (1009) while a frame past its limit is still being
+                    # written; the close code below is what is asserted, not when the close arrives.
+                    await fuzzer.send(bad)
                     while True:
                         got = json.loads(await asyncio.wait_for(fuzzer.recv(), 0.5))
                         assert got["type"] in ("ping", "work", "cancel"), got

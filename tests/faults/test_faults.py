@@ -7,6 +7,7 @@ real CPU backend with SmolLM2.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import threading
@@ -28,30 +29,90 @@ from tests.support.stacks import WORKER_API_KEY, start_replicas
 pytestmark = pytest.mark.slow
 
 
-def test_worker_killed_mid_stream_the_answer_completes_on_another(fault_stack, cpu_backend):
+STORY = "Write a long story about a brave knight."
+
+
+def test_a_greedy_answer_whose_worker_is_killed_twice_is_continued_to_the_uninterrupted_answer(
+    fault_stack, cpu_backend
+):
+    """Chat readers see no restart: the tokens before each kill stay, the next worker goes on from them,
+    and the answer (text and token count) is the one no kill interrupted."""
+    workers = [fault_stack.start_worker()]
+    wait_for_model(fault_stack.url, SMOLLM2_135M.name)
+    api = new_api(fault_stack)
+    chat_id, reference_id = queue(api, SMOLLM2_135M.name, STORY, do_sample=False, max_new_tokens=400)
+    reference = final_of(api.events(chat_id, reference_id))["message"]
+    assert reference["generated_tokens"] >= 300, reference  # long enough to be cut twice
+
+    chat_id, message_id = queue(api, SMOLLM2_135M.name, STORY, do_sample=False, max_new_tokens=400)
+    seen: list = []
+    kills = 0
+    standby = False  # the next worker is connected: the one generating is killed at its next token
+    with contextlib.closing(api.follow(chat_id, message_id)) as events:
+        for event in events:
+            seen.append(event)
+            if event.data["event_type"] != "token" or kills == 2:
+                continue
+            if standby:
+                workers[-2].kill()  # SIGKILL, mid-answer
+                kills += 1
+                standby = False
+            elif sum(e.data["event_type"] == "continuation" for e in seen) == kills:
+                # The newest worker streams the answer (after its continuation): the next one connects.
+                workers.append(fault_stack.start_worker())
+                wait_for_model(fault_stack.url, SMOLLM2_135M.name, workers=2)
+                standby = True
+
+    final = final_of(seen)
+    assert final["event_type"] == "message", final
+    message = final["message"]
+    kinds = [e.data["event_type"] for e in seen]
+    assert "retry" not in kinds and kinds.count("continuation") == 2
+    assert message["state"] == "complete" and message["attempts"] == 3
+    assert message["content"] == reference["content"]
+    assert message["generated_tokens"] == reference["generated_tokens"]
+    assert tokens_text(seen) == message["content"]  # what readers got is the answer, nothing twice
+    workers[-1].stop()
+
+
+def test_a_constrained_answer_whose_worker_is_killed_starts_over(fault_stack, cpu_backend):
+    """A JSON-schema answer cannot be continued (the grammar's state is lost): it is regenerated, and
+    readers are told to drop the text so far."""
     first = fault_stack.start_worker()
     wait_for_model(fault_stack.url, SMOLLM2_135M.name)
     api = new_api(fault_stack)
+    schema = {
+        "type": "object",
+        "properties": {"numbers": {"type": "array", "items": {"type": "integer"}, "minItems": 300}},
+        "required": ["numbers"],
+    }
+    format_ = {"type": "json_schema", "json_schema": {"name": "count", "schema": schema}}
     chat_id, message_id = queue(
         api,
         SMOLLM2_135M.name,
-        "Write a long story about a brave knight.",
+        "Count from 1 to 300.",
         do_sample=False,
         max_new_tokens=200,
+        response_format=format_,
     )
-    seen = api.events(chat_id, message_id, limit=4)  # pending + a few tokens: generation is under way
-    assert any(e.data["event_type"] == "token" for e in seen)
-    second = fault_stack.start_worker()
-    time.sleep(1.0)  # let the second worker register
-    first.kill()
-    rest = api.events(chat_id, message_id, last_event_id=[e.id for e in seen if e.id][-1])
-    final = final_of(rest)
+    seen: list = []
+    second = None
+    with contextlib.closing(api.follow(chat_id, message_id)) as events:
+        for event in events:
+            seen.append(event)
+            if event.data["event_type"] == "token" and second is None:
+                second = fault_stack.start_worker()
+                wait_for_model(fault_stack.url, SMOLLM2_135M.name, workers=2)
+                first.kill()  # mid-answer: 200 tokens take seconds
+    final = final_of(seen)
     assert final["event_type"] == "message", final
     message = final["message"]
     assert message["state"] == "complete" and message["attempts"] == 2
-    assert any(e.data["event_type"] == "retry" for e in rest)
-    # After the retry event, the tokens spell exactly the final answer.
-    assert tokens_text(rest) == message["content"] and message["content"]
+    kinds = [e.data["event_type"] for e in seen]
+    assert kinds.count("retry") == 1 and "continuation" not in kinds
+    # After the retry event, the tokens spell exactly the final answer, the schema's JSON from its start.
+    assert tokens_text(seen) == message["content"] and message["content"].lstrip().startswith("{")
+    assert second is not None
     second.stop()
 
 
@@ -179,7 +240,7 @@ def test_cancel_while_pending_ends_at_once(fault_stack, fake_backend):
 @pytest.mark.parametrize(
     ("marker", "state", "attempts"),
     [
-        ("[[invalid]]", "aborted_by_worker", 1),
+        ("[[invalid]]", "refused", 1),
         ("[[error]]", "aborted_by_worker", 1),
         ("[[stall]]", "aborted_by_worker", 3),
         ("[[drop]]", "aborted_by_worker", 3),

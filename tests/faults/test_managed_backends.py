@@ -110,8 +110,9 @@ def test_two_gpus_two_backends_and_a_killed_one_restarts_and_its_work_completes(
         assert final["event_type"] == "message", final
         message = final["message"]
         assert message["state"] == "complete" and message["attempts"] == 2
-        assert any(e.data["event_type"] == "retry" for e in rest)
-        assert tokens_text(rest) == message["content"]
+        # The text streamed before the kill is kept: the restarted backend's worker continues it.
+        assert any(e.data["event_type"] == "continuation" for e in rest)
+        assert tokens_text(seen + rest) == message["content"]
 
         # The killed backend is started again, on its port and GPU, and serves again.
         deadline = time.monotonic() + 30
@@ -229,6 +230,25 @@ async def test_switching_a_managed_backend_restarts_it_with_the_new_config_or_fa
         assert info(port)["model_id"] == "org/b"
         # A switch is not a crash; the broken launcher's exits were.
         assert exits and all("exit code 3" in reason for reason in exits)
+        assert [c.name for c in manager.servable()] == ["model-a", "model-b", "model-broken"]
+
+        # An unload stops the backend until the next load, which starts it with that load's config.
+        crashes = len(exits)
+        await manager.unload()
+        assert not manager.loaded and backend.pid is None
+        await asyncio.sleep(1.5)  # longer than a restart's delay: it is not restarted
+        assert backend.pid is None and len(exits) == crashes
+        with pytest.raises(httpx.HTTPError):
+            info(port)
+        await manager.switch("model-a")
+        assert manager.loaded and info(port)["model_id"] == "org/a" and len(exits) == crashes
+        # A load that fails after an unload has nothing to fall back to: the backend stays stopped.
+        await manager.unload()
+        with pytest.raises(SwitchError) as failed:
+            await manager.switch("model-broken")
+        assert failed.value.serving is None and not manager.loaded
+        await asyncio.sleep(1.5)
+        assert backend.pid is None
     finally:
         await backend.stop()
         supervising.cancel()

@@ -1,7 +1,7 @@
 """Several readers of one answer on a real server and Redis: one XREAD loop for all of them (counted
 with Redis' MONITOR), every event to every reader once and in order, a reader resuming with
 Last-Event-ID in the middle of the stream. (A reader that stops reading is tested against both brokers
-in inference/server/tests/broker/test_stream_fanout.py: here the sockets' buffers would hide it.)"""
+in inference/server/tests/streams/test_stream_fanout.py: here the sockets' buffers would hide it.)"""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ import pytest
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
 
-from oasst_inference_server.dispatch.worker_frames import USAGE_SLACK_TOKENS
+from oasst_inference_server.workers.worker_frames import USAGE_SLACK_TOKENS
 from oasst_shared.protocol import (
     PROTOCOL_VERSION,
     GeneratedText,
@@ -224,10 +224,13 @@ def test_a_worker_that_pings_but_never_finishes_loses_the_message_within_the_bou
                     wait_state, api, chat_id, message_id, {"complete", "failed", "aborted_by_worker"}, 60
                 )
                 assert message["state"] == "complete" and message["attempts"] == 2
-                assert message["content"] == " w1 w2 w3 w4 w5"
+                # The zombie's token is kept and continued: the budget of 5 less its one token.
+                assert message["content"] == " z w1 w2 w3 w4"
                 events = await asyncio.to_thread(api.events, chat_id, message_id)
-                retries = [e.data for e in events if e.data["event_type"] == "retry"]
-                assert len(retries) == 1 and "in-progress bound" in retries[0]["reason"]
+                kinds = [e.data["event_type"] for e in events]
+                continued = [e.data for e in events if e.data["event_type"] == "continuation"]
+                assert "retry" not in kinds and len(continued) == 1
+                assert "in-progress bound" in continued[0]["reason"]
             finally:
                 healthy.stop()
 
@@ -355,10 +358,19 @@ def test_when_the_replica_holding_the_socket_dies_the_lease_expires_and_another_
     cpu_backend, redis_prefix, tmp_path, fake_backend
 ):
     """Replica A holds the worker's socket and dies (SIGKILL): nothing on A can release the message.
-    Its lease runs out, replica B's recovery loop retries it, and a worker on B answers."""
+    Its lease runs out, replica B's recovery loop sends it on with the text readers had, and a worker on B
+    continues it."""
     prefix = f"{redis_prefix}lease:{uuid.uuid4().hex[:6]}:"
     with fresh_database("oasst_lease") as database_url:
         _lease_scenario(database_url, prefix, tmp_path, fake_backend)
+
+
+def first_token(api: ChatApi, chat_id: str, message_id: str) -> None:
+    """Return once the message's stream holds a token (its first events may be pending ones)."""
+    seen: list = []
+    while not any(e.data["event_type"] == "token" for e in seen):
+        last = seen[-1].id if seen else None
+        seen += api.events(chat_id, message_id, last, 1)
 
 
 def _lease_scenario(database_url: str, prefix: str, tmp_path: Path, fake_backend: FakeBackend) -> None:
@@ -376,6 +388,8 @@ def _lease_scenario(database_url: str, prefix: str, tmp_path: Path, fake_backend
             # killed before its claim commits leaves the message pending, and it is simply re-queued).
             await asyncio.to_thread(wait_state, api, chat_id, message_id, {"in_progress"}, 10)
             await held.ws.send(dump_frame(Token(message_id=message_id, text=" partial")))
+            # Once readers have the token (it is in the broker), the socket's replica dies.
+            await asyncio.to_thread(first_token, api, chat_id, message_id)
             server_a.kill()  # the socket's replica is gone: no cleanup runs anywhere
         rescuer = await asyncio.to_thread(start_fake_worker, stack_b, fake_backend, model)
         try:
@@ -383,10 +397,13 @@ def _lease_scenario(database_url: str, prefix: str, tmp_path: Path, fake_backend
                 wait_state, api, chat_id, message_id, {"complete", "failed", "aborted_by_worker"}, 60
             )
             assert message["state"] == "complete" and message["attempts"] == 2, message
-            assert message["content"] == " w1 w2 w3 w4"
+            # What readers had is kept, and continued: the budget of 4 less its one token.
+            assert message["content"] == " partial w1 w2 w3"
             events = await asyncio.to_thread(api.events, chat_id, message_id)
-            retries = [e.data for e in events if e.data["event_type"] == "retry"]
-            assert len(retries) == 1 and "lease expired" in retries[0]["reason"], retries
+            kinds = [e.data["event_type"] for e in events]
+            continued = [e.data for e in events if e.data["event_type"] == "continuation"]
+            assert "retry" not in kinds and len(continued) == 1, kinds
+            assert "lease expired" in continued[0]["reason"], continued
         finally:
             rescuer.stop()
 

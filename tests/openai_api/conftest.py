@@ -101,7 +101,8 @@ def client(user: ApiUser, key: str) -> openai.OpenAI:
 
 @pytest.fixture(scope="module")
 def limited_stack(cpu_backend: BackendProcess, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """SQLite stack with 3 generations per minute, 1 at a time per user, and conversations kept as chats."""
+    """SQLite stack with 3 generations per minute, 1 at a time per user, conversations kept as chats, and
+    no resume grace (a stream the client closes is cancelled at once)."""
     log_dir = tmp_path_factory.mktemp("limited-stack")
     stack = start_stack(
         log_dir,
@@ -111,6 +112,7 @@ def limited_stack(cpu_backend: BackendProcess, tmp_path_factory: pytest.TempPath
         OASST_SERVER_RATE_LIMIT_PER_MINUTE=str(RATE_LIMIT),
         OASST_SERVER_MAX_CONCURRENT_GENERATIONS_PER_USER="1",
         OASST_SERVER_STORE_API_CONVERSATIONS="true",
+        OASST_SERVER_OPENAI_STREAM_RESUME_GRACE_SECONDS="0",  # a closed stream is cancelled at once
     )
     yield stack
     stack.stop()

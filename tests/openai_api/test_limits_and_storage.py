@@ -1,5 +1,5 @@
 """Per-user limits (429 with Retry-After on /v1 and on the chat API), conversations stored as chats,
-and a stream whose worker is lost after it sent text.
+and a stream whose worker is lost after it sent text (continued, or, constrained, ended with an error).
 
 On ``limited_stack``: 3 generations per minute, 1 at a time per user, API conversations kept as chats.
 """
@@ -20,6 +20,12 @@ pytestmark = pytest.mark.slow
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 LONG_TASK = [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}]
+STORY = [{"role": "user", "content": "Write a long story about a brave knight."}]
+COUNTING = {
+    "type": "object",
+    "properties": {"numbers": {"type": "array", "items": {"type": "integer"}, "minItems": 300}},
+    "required": ["numbers"],
+}
 
 
 def test_rate_limit_is_a_429_with_retry_after_on_both_apis(limited_stack: Stack) -> None:
@@ -103,11 +109,57 @@ def test_api_conversations_can_be_stored_as_chats(limited_stack: Stack) -> None:
     assert answer["parent_id"] == chat["messages"][2]["id"]
 
 
-def test_a_stream_whose_worker_is_lost_after_sending_text_ends_with_an_error(limited_stack: Stack) -> None:
+def test_a_stream_whose_worker_is_killed_halfway_goes_on_to_the_uninterrupted_answer(
+    limited_stack: Stack,
+) -> None:
+    """Continuation: the next worker goes on from the text already sent; the stream has no gap, no
+    repeat and no error, and its text and usage are those of the answer no kill interrupted."""
+    user = new_user(limited_stack)
+    client = user.client()
+    reference = client.chat.completions.create(
+        model=MODEL_NAME, messages=STORY, temperature=0, max_tokens=100
+    )
+    expected = reference.choices[0].message.content or ""
+    assert reference.usage is not None and reference.usage.completion_tokens >= 60, reference
+    stream = client.chat.completions.create(
+        model=MODEL_NAME,
+        messages=STORY,
+        temperature=0,
+        max_tokens=100,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    worker = limited_stack.workers[-1]
+    received = ""
+    usage = None
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if chunk.choices and chunk.choices[0].delta.content:
+            received += chunk.choices[0].delta.content
+            if worker.alive() and len(received) >= len(expected) // 2:
+                worker.stop(signal.SIGKILL)  # about halfway
+                limited_stack.start_worker()
+    assert not worker.alive()
+    assert received == expected
+    assert usage is not None and usage.completion_tokens == reference.usage.completion_tokens
+    wait_for_model(limited_stack.url, MODEL_NAME)
+
+
+def test_a_constrained_stream_whose_worker_is_lost_after_sending_text_ends_with_an_error(
+    limited_stack: Stack,
+) -> None:
+    """A JSON-schema answer cannot be continued (its grammar's state is lost): it would start over, and
+    the text already sent cannot be taken back, so the stream ends with an error."""
     user = new_user(limited_stack)
     client = user.client()
     stream = client.chat.completions.create(
-        model=MODEL_NAME, messages=LONG_TASK, temperature=0, max_tokens=400, stream=True
+        model=MODEL_NAME,
+        messages=LONG_TASK,
+        temperature=0,
+        max_tokens=400,
+        stream=True,
+        response_format={"type": "json_schema", "json_schema": {"name": "count", "schema": COUNTING}},
     )
     worker = limited_stack.workers[-1]
     received = ""

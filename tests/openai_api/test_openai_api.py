@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import time
+import uuid
 
 import asyncpg
 import httpx
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 
 MODEL = "SmolLM2-135M-Instruct"
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
-LONG_TASK = [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}]
+COUNTING = ", ".join(str(n) for n in range(1, 21)) + ","
 
 
 def _request_id(completion_id: str) -> str:
@@ -99,6 +100,38 @@ def test_streamed_chat_completion_matches_the_unstreamed_one(client: openai.Open
     assert last.usage.completion_tokens == whole.usage.completion_tokens  # type: ignore[union-attr]
     record = user.request_record(_request_id(last.id))
     assert record["completion_tokens"] == last.usage.completion_tokens and record["state"] == "complete"
+
+
+def test_a_prompt_the_backend_has_cached_reports_its_cached_tokens(client: openai.OpenAI) -> None:
+    """``usage.prompt_tokens_details.cached_tokens``: the prompt tokens the backend's prefix cache served
+    (the bundled backend reuses whole 64-token chunks), unstreamed and streamed."""
+    long_question = [
+        {
+            "role": "user",
+            # A prompt of this test's own, from its start: no other request cached a chunk of it.
+            "content": uuid.uuid4().hex
+            + " Here is a long question about the history of the bicycle, its inventors, its wheels, "
+            "its brakes, its gears and its use in cities around the world today." * 2,
+        }
+    ]
+    first = client.chat.completions.create(model=MODEL, messages=long_question, temperature=0, max_tokens=2)
+    assert first.usage is not None and first.usage.prompt_tokens > 64
+    assert first.usage.prompt_tokens_details is not None
+    cold = first.usage.prompt_tokens_details.cached_tokens or 0
+    again = client.chat.completions.create(model=MODEL, messages=long_question, temperature=0, max_tokens=2)
+    assert again.usage is not None and again.usage.prompt_tokens_details is not None
+    cached = again.usage.prompt_tokens_details.cached_tokens or 0
+    assert cold < 64 <= cached < again.usage.prompt_tokens
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=long_question,
+        temperature=0,
+        max_tokens=2,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = [chunk.usage for chunk in stream if chunk.usage is not None][-1]
+    assert usage.prompt_tokens_details is not None and usage.prompt_tokens_details.cached_tokens == cached
 
 
 def test_a_conversation_with_earlier_turns(client: openai.OpenAI) -> None:
@@ -263,14 +296,16 @@ def test_unknown_fields_are_ignored(client: openai.OpenAI) -> None:
 def test_closing_a_stream_cancels_the_generation_and_counts_its_usage(
     stack, client: openai.OpenAI, user: ApiUser
 ) -> None:
-    stream = client.chat.completions.create(
-        model=MODEL, messages=LONG_TASK, temperature=0, max_tokens=400, stream=True
+    # The cancel comes once the resume grace (10 s) has passed: the answer must be longer than that, so it
+    # is a raw count (a chat answer may end early), which goes on to max_tokens.
+    stream = client.completions.create(
+        model=MODEL, prompt=COUNTING, temperature=0, max_tokens=1800, stream=True
     )
     received = 0
     completion_id = ""
     for chunk in stream:
         completion_id = chunk.id
-        if chunk.choices and chunk.choices[0].delta.content:
+        if chunk.choices and chunk.choices[0].text:
             received += 1
         if received == 3:
             break
@@ -279,7 +314,7 @@ def test_closing_a_stream_cancels_the_generation_and_counts_its_usage(
     record = user.wait_finished(request_id, timeout=60)
     # The worker stopped early and reported what it had generated.
     assert record["state"] == "cancelled" and record["finish_reason"] == "cancelled"
-    assert 3 <= record["completion_tokens"] < 400
+    assert 3 <= record["completion_tokens"] < 1800
     assert record["prompt_tokens"] > 5
     usage = user.usage()
     assert usage["total"]["completion_tokens"] >= record["completion_tokens"]

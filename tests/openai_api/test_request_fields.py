@@ -18,7 +18,7 @@ import openai
 import pytest
 from openai.types.chat import completion_create_params
 
-from oasst_shared.openai_schemas import REFUSED_CHAT_FIELDS
+from oasst_inference_server.openai_protocol.generation_requests import REFUSED_CHAT_FIELDS
 from tests.e2e.chat_api import ChatApi, tokens_text
 from tests.openai_api.conftest import ApiUser, new_user
 from tests.support.stacks import Stack

@@ -216,9 +216,38 @@ def test_a_schema_only_the_backend_refuses_fails_that_message_alone(
         chat_id, "Hi", MODEL, response_format=json_schema_format({"type": "strin"}), max_new_tokens=5
     )
     assert events[-1].data["event_type"] == "error"
+    assert events[-1].data["message"]["state"] == "refused"  # the request's fault, not the server's
     assert "invalid JSON schema" in json.dumps(events[-1].data)
     assert not any(event.data["event_type"] == "retry" for event in events)
     assert validation_errors(cpu_backend) == refused_before + 1  # tried once, on one backend
     _, answered = api.ask(api.create_chat(), "Hello", MODEL, max_new_tokens=5)
     assert answered[-1].data["event_type"] == "message"
+    assert_backend_up(cpu_backend, backend_pid)
+
+
+def test_on_v1_a_schema_only_the_backend_refuses_is_a_400_not_a_server_error(
+    client: openai.OpenAI, cpu_backend: BackendProcess, backend_pid: int
+) -> None:
+    unknown_type = json_schema_format({"type": "strin"})
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Hi"}],
+            response_format=unknown_type,  # type: ignore[arg-type]
+            max_tokens=5,
+        )
+    assert caught.value.code == "request_refused_by_model"
+    assert "invalid JSON schema" in str(caught.value)
+    # Streamed, the headers are sent before the backend is asked: the error chunk names the caller's fault.
+    stream = client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Hi"}],
+        response_format=unknown_type,  # type: ignore[arg-type]
+        max_tokens=5,
+        stream=True,
+    )
+    with pytest.raises(openai.APIError) as streamed:
+        list(stream)
+    assert streamed.value.code == "request_refused_by_model"
+    assert streamed.value.type == "invalid_request_error"
     assert_backend_up(cpu_backend, backend_pid)

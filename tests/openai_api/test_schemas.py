@@ -8,13 +8,12 @@ import struct
 import pytest
 from pydantic import ValidationError
 
-from oasst_shared.openai_schemas import (
+from oasst_inference_server.openai_protocol.embeddings import EmbeddingRequest, encode_embedding_base64
+from oasst_inference_server.openai_protocol.generation_requests import (
     ChatCompletionRequest,
     CompletionRequest,
-    EmbeddingRequest,
-    encode_embedding_base64,
-    openai_finish_reason,
 )
+from oasst_inference_server.openai_protocol.generation_responses import openai_finish_reason
 
 USER = [{"role": "user", "content": "hi"}]
 

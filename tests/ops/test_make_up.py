@@ -15,8 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 import pytest
 
+from oasst_shared.model_configs import SMOLLM2_135M_Q8
 from tests.e2e.chat_api import ChatApi
 from tests.support.fault_flows import final_of, queue
 from tests.support.processes import ManagedProcess, free_port, spawn
@@ -74,6 +76,7 @@ def make_up(tmp_path: Path) -> Iterator[MakeUp]:
         "OASST_CPU_BACKEND_PORT": str(backend_port),
         "OASST_SERVER_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path}/oasst.db",
         "OASST_SERVER_ENVIRONMENT": "development",
+        "OASST_CPU_BACKEND_CACHE_DIR": str(tmp_path / "models"),  # a quantization is made, not found
     }
     process = spawn("make-up", [sys.executable, "scripts/up.py"], env, tmp_path, cwd=ROOT)
     stack = MakeUp(process, f"http://127.0.0.1:{port}")
@@ -126,9 +129,11 @@ def test_make_up_starts_a_killed_backend_again_and_the_stack_goes_on_serving(mak
     events = api.events(*long)
     final = final_of(events)
     assert final["event_type"] == "message" and final["message"]["state"] == "complete", final
-    retries = [e.data["reason"] for e in events if e.data["event_type"] == "retry"]
-    assert final["message"]["attempts"] == 2 and len(retries) == 1, (final, retries)
-    assert "the backend died while it ran this request" in retries[0], retries
+    # The text streamed before the kill is kept, and the new backend continues it.
+    restarts = [e.data for e in events if e.data["event_type"] in ("retry", "continuation")]
+    assert final["message"]["attempts"] == 2 and len(restarts) == 1, (final, restarts)
+    assert restarts[0]["event_type"] == "continuation", restarts
+    assert "the backend died while it ran this request" in restarts[0]["reason"], restarts
 
     # Killed while idle: the worker takes no work while its backend is down, then serves from the
     # new one.
@@ -143,3 +148,25 @@ def test_make_up_starts_a_killed_backend_again_and_the_stack_goes_on_serving(mak
     # Ctrl-C stops everything it started, the new backend included.
     assert make_up.process.stop(signal.SIGINT, timeout=60) == 0
     assert not [pid for pid in (restarted, server, worker) if alive(pid)]
+
+
+def test_make_up_serves_a_second_quantization_made_at_first_use(make_up: MakeUp):
+    """The worker of make up can serve SmolLM2 as shipped and as Q8_0; /v1/models lists both, and asking
+    for the second has the backend quantize (its progress in make up's output) and load it."""
+    make_up.wait_for("The stack is up.", timeout=300)
+    with httpx.Client(base_url=make_up.url, timeout=180) as http:
+        login = http.get("/auth/callback/debug", params={"code": f"q8-{uuid.uuid4().hex[:8]}"})
+        http.headers["Authorization"] = f"Bearer {login.json()['access_token']['access_token']}"
+        cards = {c["id"]: c for c in http.get("/v1/models").json()["data"]}
+        assert cards[MODEL]["loaded"] and not cards[SMOLLM2_135M_Q8.name]["loaded"]
+        mark = len(make_up.log())
+        body = {
+            "model": SMOLLM2_135M_Q8.name,
+            "messages": [{"role": "user", "content": "Hi"}],
+            "max_tokens": 8,
+        }
+        answer = http.post("/v1/chat/completions", json=body)
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["model"] == SMOLLM2_135M_Q8.name
+    log = make_up.log()[mark:]
+    assert re.search(r"quantizing to q8_0: tensor \d+/\d+", log), log[-3000:]

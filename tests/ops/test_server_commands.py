@@ -49,7 +49,7 @@ def test_local_stacks_run_the_module():
     assert re.search(r'"\$ROOT/\.venv/bin/oasst-server"', (ROOT / "full-dev-setup.sh").read_text())
     stacks = (ROOT / "tests/support/stacks.py").read_text()
     assert stacks.count(f'"{SERVER_MODULE}"') >= 2
-    bench = (ROOT / "bench/_common.py").read_text()
+    bench = (ROOT / "bench/stack.py").read_text()
     assert f'"-m", "{SERVER_MODULE}"' in bench
 
 

@@ -96,14 +96,15 @@ def wait_started(url: str, process: ManagedProcess, timeout: float = 90) -> None
         raise
 
 
-def wait_for_model(server_url: str, model: str, timeout: float = 60) -> None:
+def wait_for_model(server_url: str, model: str, timeout: float = 60, workers: int = 1) -> None:
+    """Return once ``workers`` workers (at least) of ``model`` are connected to the server."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            names = [m["name"] for m in httpx.get(f"{server_url}/configs/model_configs", timeout=2).json()]
-            if model in names:
+            configs = httpx.get(f"{server_url}/configs/model_configs", timeout=2).json()
+            if any(m["name"] == model and m.get("worker_count", 1) >= workers for m in configs):
                 return
-        except (httpx.HTTPError, ValueError, TypeError):
+        except (httpx.HTTPError, ValueError, TypeError, KeyError):
             pass
         time.sleep(0.2)
-    raise RuntimeError(f"no worker for {model} registered at {server_url}")
+    raise RuntimeError(f"fewer than {workers} workers for {model} registered at {server_url}")

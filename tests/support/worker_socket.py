@@ -10,10 +10,17 @@ from typing import Any
 
 from starlette.websockets import WebSocketState
 
-from oasst_inference_server.dispatch import events
-from oasst_inference_server.dispatch.worker_connection import WorkerConnection
-from oasst_shared.model_configs import SMOLLM2_135M
-from oasst_shared.protocol import PROTOCOL_VERSION, WorkerCapabilities, WorkerInfo, dump_frame
+from oasst_inference_server import events
+from oasst_inference_server.workers.key_limits import KeyLimits
+from oasst_inference_server.workers.worker_connection import WorkerConnection
+from oasst_shared.model_configs import SMOLLM2_135M, ModelConfig
+from oasst_shared.protocol import (
+    PROTOCOL_VERSION,
+    ServableModel,
+    WorkerCapabilities,
+    WorkerInfo,
+    dump_frame,
+)
 
 
 class StandInSocket:
@@ -100,4 +107,58 @@ def stand_in_connection(
         lifecycle=app.state.lifecycle,
         dispatcher=dispatcher,
         protocol_version=protocol_version,
+    )
+
+
+def model_config(name: str, **changes: Any) -> ModelConfig:
+    """SmolLM2's config under another name (and ``changes``)."""
+    return SMOLLM2_135M.model_copy(update={**changes, "name": name})
+
+
+def switchable_info(
+    model: str,
+    servable: list[str],
+    *,
+    loaded: bool = True,
+    slots: int = 1,
+    load_seconds: float | None = None,
+    changes: dict[str, dict[str, Any]] | None = None,
+) -> WorkerInfo:
+    """A protocol 6 worker's ``worker_info``: serving ``model`` (or, not ``loaded``, having served it) and
+    able to switch to each of ``servable``; ``changes``: per model name, fields of its config."""
+    changes = changes or {}
+    return WorkerInfo(
+        model_config=model_config(model, **changes.get(model, {})),
+        max_parallel_requests=slots,
+        backend_kind="fake",
+        servable=[
+            ServableModel(config=model_config(name, **changes.get(name, {})), load_seconds=load_seconds)
+            for name in servable
+        ],
+        loaded=loaded,
+    )
+
+
+def switchable_connection(
+    app: Any,
+    info: WorkerInfo,
+    socket: StandInSocket,
+    *,
+    settings: Any = None,
+    protocol_version: int = PROTOCOL_VERSION,
+    key_limits: KeyLimits | None = None,
+) -> WorkerConnection:
+    """A real ``WorkerConnection`` of the app for a worker announcing ``info``, with the app's dispatchers
+    (a switch moves it from one model's dispatcher to another's)."""
+    dispatchers = app.state.dispatchers
+    return WorkerConnection(
+        socket,  # type: ignore[arg-type]
+        info,
+        settings=settings or app.state.settings,
+        broker=app.state.broker,
+        lifecycle=app.state.lifecycle,
+        dispatcher=dispatchers.for_model(info.model_config_.name),
+        dispatchers=dispatchers,
+        protocol_version=protocol_version,
+        key_limits=key_limits,
     )

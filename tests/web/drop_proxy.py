@@ -11,7 +11,6 @@ could correct it. Later streams pass through.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -19,15 +18,10 @@ from dataclasses import dataclass, field
 import httpx
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import Response, StreamingResponse
-from starlette.routing import Route
 
-_HOP_BY_HOP = {"host", "connection", "keep-alive", "transfer-encoding", "content-length", "upgrade"}
+from tests.support.relay_proxy import StreamCut, relay_app
+
 _TERMINAL = ('"event_type":"message"', '"event_type":"error"')
-
-
-class StreamCut(Exception):
-    """Raised inside the relayed response: the ASGI server then drops the connection."""
 
 
 @dataclass
@@ -56,46 +50,16 @@ class DropProxy:
         self._release.set()
 
     def app(self) -> Starlette:
-        client: httpx.AsyncClient | None = None
+        return relay_app(self.upstream, self._tap_events)
 
-        async def relay(request: Request) -> Response:
-            nonlocal client
-            client = client or httpx.AsyncClient(timeout=None)
-            headers = {k: v for k, v in request.headers.items() if k.lower() not in _HOP_BY_HOP}
-            upstream = client.build_request(
-                request.method,
-                f"{self.upstream}{request.url.path}",
-                params=request.url.query,
-                headers=headers,
-                content=await request.body(),
-            )
-            response = await client.send(upstream, stream=True)
-            body = response.aiter_raw()
-            path = request.url.path
-            if path.endswith(("/events", "/turns")) and response.status_code == 200:
-                record = EventsRequest(request.method, path, request.headers.get("last-event-id"))
-                body = self._tap(body, record)
-
-            async def relayed() -> AsyncIterator[bytes]:
-                try:
-                    async for chunk in body:
-                        yield chunk
-                finally:
-                    await response.aclose()
-
-            out_headers = {k: v for k, v in response.headers.items() if k.lower() not in _HOP_BY_HOP}
-            return StreamingResponse(relayed(), status_code=response.status_code, headers=out_headers)
-
-        @contextlib.asynccontextmanager
-        async def lifespan(_app: Starlette) -> AsyncIterator[None]:
-            yield
-            if client is not None:  # the proxy's upstream connections close with it
-                await client.aclose()
-
-        return Starlette(
-            routes=[Route("/{path:path}", relay, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])],
-            lifespan=lifespan,
-        )
+    def _tap_events(
+        self, request: Request, response: httpx.Response, body: AsyncIterator[bytes]
+    ) -> AsyncIterator[bytes]:
+        path = request.url.path
+        if path.endswith(("/events", "/turns")) and response.status_code == 200:
+            record = EventsRequest(request.method, path, request.headers.get("last-event-id"))
+            return self._tap(body, record)
+        return body
 
     async def _wait(self, flag: threading.Event) -> None:
         while not flag.is_set():

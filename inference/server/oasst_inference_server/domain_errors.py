@@ -25,8 +25,8 @@ people.
     │                       answered nothing usable (500)
     └── UpstreamFailed      a service this one depends on failed: an OAuth provider (502)
 
-``ApiError`` (:mod:`.errors`) is the HTTP form the mapping produces; a route raises it itself only for
-what is HTTP alone (499, the client closed the connection).
+``ApiError`` (:mod:`.errors`) is the HTTP form the mapping produces. What is HTTP alone is mapped there
+too: ``openai_api``'s ``ClientGone`` (the client closed the connection before its answer) is a 499.
 """
 
 from __future__ import annotations

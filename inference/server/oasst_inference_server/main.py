@@ -11,12 +11,15 @@ from fastapi.middleware.cors import CORSMiddleware
 from loguru import logger
 
 from oasst_inference_server.admission.prompt_fit import PromptFit
+from oasst_inference_server.anthropic_api.anthropic_service import AnthropicService
+from oasst_inference_server.anthropic_api.serving import AnthropicServing
 from oasst_inference_server.api.edge_guard import EdgeGuard
 from oasst_inference_server.api.error_handlers import install_error_handlers
 from oasst_inference_server.api.responses import document_errors
 from oasst_inference_server.api.routes import (
     account,
     admin,
+    anthropic,
     api_keys,
     auth,
     chat_management,
@@ -25,6 +28,9 @@ from oasst_inference_server.api.routes import (
     health,
     metrics,
     openai,
+    responses,
+    scoring,
+    tokenizing,
     usage,
     web,
     workers,
@@ -33,20 +39,46 @@ from oasst_inference_server.auth.user_cache import UserCache
 from oasst_inference_server.broker import create_broker
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
-from oasst_inference_server.dispatch.compliance import ComplianceChecker
-from oasst_inference_server.dispatch.compliance_store import ComplianceRecorder
-from oasst_inference_server.dispatch.dispatcher import Dispatchers
-from oasst_inference_server.dispatch.handoff import Handoff
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
-from oasst_inference_server.dispatch.prompt_sizes import PromptSizes
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
-from oasst_inference_server.dispatch.remote_questions import RemoteQuestions
-from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
+from oasst_inference_server.fleet.on_demand import OnDemandLoads
+from oasst_inference_server.fleet.switcher import ModelSwitcher
 from oasst_inference_server.openai_api.openai_service import OpenAIService
+from oasst_inference_server.openai_api.serving_chat import ChatCompletionServing
+from oasst_inference_server.openai_api.serving_completions import CompletionServing
+from oasst_inference_server.openai_api.serving_embeddings import EmbeddingServing
+from oasst_inference_server.openai_api.serving_models import ModelServing
+from oasst_inference_server.openai_api.serving_scoring import ScoringServing
+from oasst_inference_server.openai_api.serving_tokenize import TokenizeServing
+from oasst_inference_server.responses_api.service import ResponsesService
+from oasst_inference_server.responses_api.serving import ResponsesServing
+from oasst_inference_server.scheduling.dispatcher import Dispatchers
+from oasst_inference_server.scheduling.handoff import Handoff
+from oasst_inference_server.scheduling.rebalancer import Rebalancer
+from oasst_inference_server.scheduling.rebalancer_snapshot import DatabaseDemand
+from oasst_inference_server.scheduling.worker_registry import WorkerRegistry
 from oasst_inference_server.settings import Settings, get_settings
 from oasst_inference_server.streams.fanout import StreamFanout
+from oasst_inference_server.streams.message_reads import MessageReads
 from oasst_inference_server.submission import SubmissionService
+from oasst_inference_server.workers.compliance import ComplianceChecker
+from oasst_inference_server.workers.compliance_store import ComplianceRecorder
+from oasst_inference_server.workers.prompt_sizes import PromptSizes
+from oasst_inference_server.workers.remote_questions import RemoteQuestions
 from oasst_shared.model_registry import load_registry
+
+
+def _build_serving(app: FastAPI, prompt_sizes: PromptSizes) -> None:
+    """One serving object per API endpoint, on the services the lifespan built (``api.deps`` reaches them)."""
+    openai_service = app.state.openai_service
+    app.state.model_serving = ModelServing(openai_service)
+    app.state.chat_serving = ChatCompletionServing(openai_service)
+    app.state.completion_serving = CompletionServing(openai_service)
+    app.state.embedding_serving = EmbeddingServing(openai_service)
+    app.state.scoring_serving = ScoringServing(openai_service)
+    app.state.tokenize_serving = TokenizeServing(openai_service, prompt_sizes)
+    app.state.responses_serving = ResponsesServing(app.state.responses_service)
+    app.state.anthropic_serving = AnthropicServing(app.state.anthropic_service)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
@@ -77,7 +109,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.stream_fanout = fanout = StreamFanout(broker)
         app.state.user_cache = UserCache(settings.user_cache_seconds, settings.user_cache_size)
         app.state.model_registry = model_registry
-        app.state.registry = WorkerRegistry(broker, known=model_registry)
+        app.state.registry = WorkerRegistry(
+            broker, known=model_registry, on_demand=settings.on_demand_loading
+        )
+        # Load and unload commands to worker sockets on any replica; loads on demand, idle unloads.
+        app.state.model_switcher = switcher = ModelSwitcher(broker, app.state.registry.sessions, settings)
+        app.state.on_demand_loads = loads = OnDemandLoads(
+            broker, app.state.registry.sessions, switcher, settings
+        )
         # The pongs' lease extensions on a connection of their own: requests and readers that take every
         # connection of the pool must not make leases expire. (SQLite: one engine, one database file.)
         lease_engine = engine if engine.dialect.name == "sqlite" else create_engine(settings, connections=1)
@@ -85,9 +124,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             session_factory,
             broker,
             settings,
-            worker_sessions=app.state.registry.sessions,
             lease_sessions=make_session_factory(lease_engine),
         )
+        # What event readers ask besides the stream (state checks, queue positions), read-only.
+        app.state.message_reads = MessageReads(session_factory, broker, app.state.registry.sessions)
         app.state.dispatchers = Dispatchers(
             broker, app.state.lifecycle, trusted_only_tiers=bool(settings.trusted_workers_only_tiers)
         )
@@ -107,13 +147,30 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         prompt_fit = PromptFit(prompt_sizes)
         app.state.submission = SubmissionService(
-            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit
+            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit, loads
         )
         app.state.openai_service = OpenAIService(
-            settings, session_factory, fanout, app.state.lifecycle, app.state.registry, app.state.submission
+            settings,
+            session_factory,
+            fanout,
+            app.state.message_reads,
+            app.state.lifecycle,
+            app.state.registry,
+            app.state.submission,
         )
+        app.state.responses_service = ResponsesService(
+            settings, session_factory, app.state.lifecycle, app.state.openai_service
+        )
+        app.state.anthropic_service = AnthropicService(app.state.openai_service, prompt_sizes)
+        _build_serving(app, prompt_sizes)
         recovery = RecoveryLoop(session_factory, broker, app.state.lifecycle, app.state.registry, settings)
         recovery_task = asyncio.create_task(recovery.run(), name="recovery")
+        fleet_task = asyncio.create_task(loads.run(), name="fleet pass")
+        # Workers move between models as demand moves (one replica at a time; off at interval 0).
+        app.state.rebalancer = rebalancer = Rebalancer(
+            broker, DatabaseDemand(session_factory), settings, switcher
+        )
+        rebalancer_task = asyncio.create_task(rebalancer.run(), name="rebalancer")
         logger.info(
             "inference server ready ({} mode, broker {})",
             settings.environment,
@@ -124,6 +181,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             recovery.stopping.set()
             recovery_task.cancel()
+            rebalancer.stopping.set()
+            rebalancer_task.cancel()
+            await asyncio.wait([rebalancer_task], timeout=3.0)
+            await rebalancer.stop()
+            await loads.stop()
+            fleet_task.cancel()
+            await asyncio.wait([fleet_task], timeout=3.0)
+            await switcher.close()
             checker_task.cancel()
             await asyncio.wait([checker_task], timeout=3.0)
             # Bounded: a broker call that swallows the cancellation must not hang the shutdown.
@@ -131,7 +196,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await recovery.stop()
             await remote_questions.close()
             await app.state.lifecycle.leases.close()
-            await app.state.lifecycle.state_checks.close()
+            await app.state.message_reads.close()
             if lease_engine is not engine:
                 await lease_engine.dispose()
             await fanout.close()
@@ -177,6 +242,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         api_keys,
         usage,
         openai,
+        responses,
+        anthropic,
+        scoring,
+        tokenizing,
         web,
     ):
         app.include_router(module.router)

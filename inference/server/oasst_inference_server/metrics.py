@@ -1,7 +1,7 @@
 """Prometheus metrics of the server (``GET /metrics``).
 
 Counters and histograms are updated where things happen; the queue gauges are computed at scrape
-time from the database and the broker (``dispatch.queue_status``), so every replica shows the same.
+time from the database and the broker (``scheduling.queue_status``), so every replica shows the same.
 """
 
 from __future__ import annotations
@@ -46,6 +46,12 @@ COMPLETED = Counter(
 RETRIES = Counter(
     "oasst_server_retries_total", "Messages sent back to the queue", ["model"], registry=REGISTRY
 )
+AFFINITY_DISPATCHES = Counter(
+    "oasst_server_affinity_dispatches_total",
+    "Follow-up turns dispatched to the worker of their previous turn (hit) or to another (miss)",
+    ["model", "outcome"],
+    registry=REGISTRY,
+)
 COMPLIANCE_CHECKS = Counter(
     "oasst_server_compliance_checks_total",
     "Compliance checks of untrusted workers, by kind (output, usage) and outcome",
@@ -80,6 +86,32 @@ TOKENS_PER_SECOND = Histogram(
     "Decode speed of finished messages, first token to last",
     ["model"],
     buckets=(1, 5, 10, 25, 50, 100, 200, 500, 1000, 5000),
+    registry=REGISTRY,
+)
+MODEL_SWITCHES = Counter(
+    "oasst_server_model_switches_total",
+    "Model switches of workers of this replica, by the model asked for (or unloaded) and outcome: ready, "
+    "failed (the worker serves its previous model), unloaded, lost (the socket ended), timeout",
+    ["model", "outcome"],
+    registry=REGISTRY,
+)
+MODEL_SWITCH_SECONDS = Histogram(
+    "oasst_server_model_switch_seconds",
+    "From a load_model or unload_model to the worker's new worker_info (drain, unload, quantize, load)",
+    ["model"],
+    buckets=(0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1200, 1800, 3600),
+    registry=REGISTRY,
+)
+MODEL_SWITCHES_REQUESTED = Counter(
+    "oasst_server_model_switches_requested_total",
+    "Load and unload commands accepted by a worker's replica, by model and reason (on_demand, keep_alive, "
+    "admin, the rebalancer's)",
+    ["model", "reason"],
+    registry=REGISTRY,
+)
+MODELS_SWITCHING = Gauge(
+    "oasst_server_workers_switching",
+    "Workers of this replica told to switch that have not sent their new worker_info yet",
     registry=REGISTRY,
 )
 
@@ -117,7 +149,7 @@ WORKER_TOKENS_PER_SECOND = Gauge(
 
 
 def render(status: QueueStatus) -> tuple[bytes, str]:
-    """Set the queue gauges from ``status`` (``dispatch.queue_status``) and return the exposition text."""
+    """Set the queue gauges from ``status`` (``scheduling.queue_status``) and return the exposition text."""
     for gauge in (QUEUE_DEPTH, QUEUE_OLDEST_WAIT, USER_BACKLOG, USER_SERVICE, WORKER_IN_FLIGHT):
         gauge.clear()
     WORKER_TOKENS_PER_SECOND.clear()
@@ -135,3 +167,25 @@ def render(status: QueueStatus) -> tuple[bytes, str]:
             if worker.tokens_per_second:
                 WORKER_TOKENS_PER_SECOND.labels(name, worker.session_id).set(worker.tokens_per_second)
     return generate_latest(REGISTRY), CONTENT_TYPE_LATEST
+
+
+# The rebalancer (scheduling/rebalancer.py), on the replica that holds its lock.
+REBALANCER_MOVES = Counter(
+    "oasst_server_rebalancer_moves_total",
+    "Workers the rebalancer told to switch, by the model they left and the one they load ('none': "
+    "nothing), the rule (minimum, demand, maximum) and whether the switcher took the order",
+    ["from_model", "to_model", "kind", "outcome"],
+    registry=REGISTRY,
+)
+REBALANCER_DEMAND_SLOTS = Gauge(
+    "oasst_server_rebalancer_demand_slots",
+    "Slots a model's traffic and queue need, as the rebalancer's last round measured them",
+    ["model"],
+    registry=REGISTRY,
+)
+REBALANCER_CAPACITY_SLOTS = Gauge(
+    "oasst_server_rebalancer_capacity_slots",
+    "Slots of the workers serving a model (or switching to it) in the rebalancer's last round",
+    ["model"],
+    registry=REGISTRY,
+)

@@ -8,14 +8,15 @@ work the same way, through one :class:`SubmissionService` built at startup:
    request with ``n`` choices is ``n``), the chat's size and the model's queue (``admission.limits``),
    and that its work fits one worker frame (``admission.frame_size``: nothing is stored that no frame
    can carry);
-2. the pending messages are inserted with their fair-queue tickets (``dispatch.fair_share``) and
+2. the pending messages are inserted with their fair-queue tickets (``scheduling.fair_share``) and
    committed, in the transaction that checked the limits, with the user's turn held
    (``admission.user_turns``: one submission of a user at a time, on SQLite too);
 3. they are queued (``MessageLifecycle.enqueue``). A failure to queue is logged, not raised: the message
-   is safely pending in the database, and the recovery loop queues it.
+   is safely pending in the database, and the recovery loop queues it. A queued message of a model that
+   no worker serves has a worker told to load it (``fleet.on_demand``).
 
-May import admission, chats, streams, dispatch, auth, db, broker, metrics, settings, errors; not api or
-openai_api.
+May import admission, chats, streams, dispatch, auth, fleet, db, broker, metrics, settings, errors; not api
+or openai_api.
 """
 
 from __future__ import annotations
@@ -45,11 +46,12 @@ from oasst_inference_server.chats.chat_store import (
     stage_prompter_message,
 )
 from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, new_id, utcnow
-from oasst_inference_server.dispatch import fair_share
-from oasst_inference_server.dispatch.handoff import HandedOver, Handoff
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
-from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue, ServiceUnavailable
+from oasst_inference_server.fleet.on_demand import OnDemandLoads
+from oasst_inference_server.scheduling import fair_share
+from oasst_inference_server.scheduling.handoff import HandedOver, Handoff
+from oasst_inference_server.scheduling.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.settings import Settings
 from oasst_shared.schemas import (
     CreateAssistantMessageRequest,
@@ -68,8 +70,10 @@ class SubmissionService:
         registry: WorkerRegistry,
         handoff: Handoff | None = None,
         prompt_fit: PromptFit | None = None,
+        loads: OnDemandLoads | None = None,
     ) -> None:
         self._settings = settings
+        self._loads = loads  # a request for a model nobody has loaded has a worker load it
         self._lifecycle = lifecycle
         self._registry = registry
         self._handoff = handoff
@@ -115,7 +119,7 @@ class SubmissionService:
         limits count every one of them, and they are inserted and committed together, so no other
         request of the user is admitted between them. Then queue them (or hand them over)."""
         model_name = messages[0].model_config_name or ""
-        async with self.turns.turn(user.id):
+        async with self.turns.turn(user.id, session):
             await self.admit(session, user.id, model_name, count=len(messages))
             return await self.submit(session, messages, user, requested, max_input_tokens=max_input_tokens)
 
@@ -134,7 +138,7 @@ class SubmissionService:
         """Commit ``messages`` as pending with their fair-queue tickets (and whatever else ``session``
         holds; ``chat``, if given, gets the last as its newest message), in one transaction, then queue
         them; or, when nothing waits in the model's queue and a worker of this process is idle, hand one
-        to that worker before the commit (:mod:`.dispatch.handoff`). ``chat_size``: the chat's, if
+        to that worker before the commit (:mod:`.scheduling.handoff`). ``chat_size``: the chat's, if
         :meth:`admit` counted it (the tickets and the frame's bound then need no query). ``parent``: the
         message they answer, if the caller holds it (a hand-over of a new chat's first answer then reads
         no conversation). ``max_input_tokens``: the model's input budget, to which the conversation sent
@@ -149,7 +153,13 @@ class SubmissionService:
                 session, message, max_input_tokens=max_input_tokens, chat_size=chat_size, known=known
             )
             ticket = await fair_share.new_ticket(
-                session, self._settings, message, requested, user=user, chat_characters=chat_characters
+                session,
+                self._settings,
+                message,
+                requested,
+                user=user,
+                chat_characters=chat_characters,
+                known=known,
             )
             message.scheduling = ticket.model_dump(mode="json")
             session.add(message)
@@ -184,6 +194,8 @@ class SubmissionService:
         for message in messages:
             if message.id in queued:
                 await self._queue(message)
+                if self._loads is not None and message.model_config_name:
+                    self._loads.wanted(message.model_config_name)  # a model nobody serves: loaded
             logger.info(
                 "message {} ({}, {}) {} for user {}",
                 message.id,
@@ -215,7 +227,7 @@ class SubmissionService:
         if parent.role != Role.prompter:
             raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
         model = await self._answer_model(request, parent.content or "")
-        async with self.turns.turn(user.id):
+        async with self.turns.turn(user.id, session):
             return await self._answer(session, user, chat, parent, request, requested, model)
 
     async def turn_in_chat(
@@ -235,7 +247,7 @@ class SubmissionService:
         check_message_length(self._settings, request.content)
         model = await self._answer_model(request, request.content)
         # The turn before the staged prompt's write (see admission.user_turns).
-        async with self.turns.turn(user.id):
+        async with self.turns.turn(user.id, session):
             size = await check_chat_capacity(session, self._settings, chat.id)
             prompt = await stage_prompter_message(
                 session, chat, request.parent_id, request.content, size=size
@@ -301,11 +313,13 @@ class SubmissionService:
         return submitted
 
     async def _chat_model(self, name: str) -> LiveModel:
-        """The live model ``name``: ``InvalidRequest`` if unknown, ``ServiceUnavailable`` if no worker
-        serves it now."""
-        live = await self._registry.live_models(wanted=name)
-        if name in live:
-            return live[name]
+        """The model ``name``, loaded by a worker or loadable by one (the answer, once queued, has a worker
+        load it: ``fleet.on_demand``): ``InvalidRequest`` if unknown, ``ServiceUnavailable`` if no worker serves it
+        or can load it now."""
+        model = await self._registry.model(name)
+        if model is not None:
+            return model
+        live = await self._registry.fleet_models()
         available = ", ".join(sorted(live)) or "none"
         if name in self._registry.known_model_names(live):
             raise ServiceUnavailable(

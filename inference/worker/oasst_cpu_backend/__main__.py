@@ -30,10 +30,14 @@ def configure_logging(level: str) -> None:
     logger.remove()
     logger.add(sys.stderr, level=level.upper())
     logging.basicConfig(handlers=[_InterceptHandler()], level=0, force=True)
+    # uvicorn's loggers stop at the level loguru shows: when they let TRACE through, uvicorn wraps the app in
+    # a middleware that logs every ASGI message (every streamed token), all of it then filtered out.
+    threshold = logging.getLevelName(level.upper())  # an int for the standard level names
     for name in ("uvicorn", "uvicorn.error", "uvicorn.access"):
         std_logger = logging.getLogger(name)
         std_logger.handlers = [_InterceptHandler()]
         std_logger.propagate = False
+        std_logger.setLevel(threshold if isinstance(threshold, int) else logging.NOTSET)
 
 
 class _Server(uvicorn.Server):

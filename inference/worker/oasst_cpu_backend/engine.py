@@ -1,15 +1,17 @@
-"""The engine: one llama.cpp context, loaded once, generating one request at a time.
+"""The engine: the model's vocabulary and one llama.cpp context that decodes several sequences per step.
 
-Everything here is synchronous and meant to run in the scheduler's single generation thread, except
-tokenize/detokenize helpers, which only read the vocabulary and are safe from any thread.
+The context has ``parallel_sequences`` sequence ids, each with a KV stream of its own of ``n_ctx``
+tokens (the KV budget divided among them). :meth:`ModelEngine.decode` evaluates one batch (prompt chunks
+and sampled tokens of several sequences) through llama.cpp's batch API; batch.py decides what goes in it.
+Decoding runs only in the scheduler's generation thread; the vocabulary helpers only read the vocabulary
+and are safe from any thread.
 """
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,22 +21,26 @@ import numpy as np
 from llama_cpp import Llama
 from loguru import logger
 
-from oasst_cpu_backend.grammar import sampler_grammar
-from oasst_cpu_backend.records import EngineRequest, EngineResult, FinishReason, Step, Summary, TokenOut
-from oasst_cpu_backend.stops import TokenHoldback
+from oasst_cpu_backend.records import TokenOut
 
-# llama.cpp treats this seed value as "pick a random seed".
-_LLAMA_RANDOM_SEED = 0xFFFFFFFF
+Logprobs = np.ndarray[Any, np.dtype[np.float32]]
 
-StepCallback = Callable[[Step], None]
+# The Llama object only serves the vocabulary and metadata: its own context is kept tiny.
+_VOCABULARY_CONTEXT = 64
 
 
 @dataclass(frozen=True)
-class _Held:
-    id: int
-    logprob: float
-    special: bool
-    top_tokens: list[TokenOut] | None
+class BatchEntry:
+    """Tokens of one sequence for the next batch, at positions start..start+len-1."""
+
+    seq_id: int
+    start: int
+    tokens: Sequence[int]
+    logits: bool  # whether the last token's logits are wanted (to sample from)
+
+
+class DecodeError(RuntimeError):
+    pass
 
 
 class ModelEngine:
@@ -44,31 +50,69 @@ class ModelEngine:
         *,
         n_ctx: int,
         n_threads: int,
+        n_threads_batch: int | None = None,
         n_batch: int = 512,
         prefill_chunk_tokens: int = 64,
         prefix_cache: bool = True,
+        parallel_sequences: int = 1,
+        kv_budget_tokens: int | None = None,
     ) -> None:
         started = time.monotonic()
-        logger.info("loading model {} (n_ctx={}, n_threads={})", model_path, n_ctx, n_threads)
+        per_sequence = (
+            n_ctx if kv_budget_tokens is None else min(n_ctx, kv_budget_tokens // parallel_sequences)
+        )
+        if per_sequence < 16:
+            raise ValueError(
+                f"a KV budget of {kv_budget_tokens} tokens leaves {per_sequence} per sequence "
+                f"for {parallel_sequences} sequences: at least 16 are needed"
+            )
+        logger.info(
+            "loading model {} ({} sequences x {} tokens of context, n_threads={}, n_threads_batch={})",
+            model_path,
+            parallel_sequences,
+            per_sequence,
+            n_threads,
+            n_threads_batch or n_threads,
+        )
         self._llm = Llama(
-            model_path=str(model_path),
-            n_ctx=n_ctx,
-            n_threads=n_threads,
-            n_threads_batch=n_threads,
-            n_batch=n_batch,
-            # Repetition penalty covers every generated token, as in TGI (llama.cpp's default is 64).
-            last_n_tokens_size=n_ctx,
-            verbose=False,
+            model_path=str(model_path), n_ctx=_VOCABULARY_CONTEXT, n_threads=n_threads, verbose=False
         )
         self.model_path = model_path
-        self.n_ctx = self._llm.n_ctx()
         self.n_vocab = self._llm.n_vocab()
         self._vocab = llama_cpp.llama_model_get_vocab(self._llm.model)
-        self._chunk = prefill_chunk_tokens
-        self._prefix_cache = prefix_cache
+        self.parallel_sequences = parallel_sequences
+        self.prefill_chunk = prefill_chunk_tokens
+        self.prefix_cache = prefix_cache
+        # A batch holds at most one token per generating sequence plus one prompt chunk.
+        self.batch_tokens = max(n_batch, prefill_chunk_tokens + parallel_sequences)
+        params = llama_cpp.llama_context_default_params()
+        params.n_ctx = per_sequence * parallel_sequences
+        params.n_batch = params.n_ubatch = self.batch_tokens
+        params.n_seq_max = parallel_sequences
+        # llama.cpp uses n_threads for a batch of one token (one sequence generating) and n_threads_batch
+        # for larger ones (several sequences generating, prompt chunks).
+        params.n_threads = n_threads
+        params.n_threads_batch = n_threads_batch or n_threads
+        # A KV stream per sequence: a sequence's attention never sees the others' cells, so its numbers
+        # (and a greedy answer) are the same whether it runs alone or beside others.
+        params.kv_unified = False
+        params.flash_attn_type = llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED
+        params.no_perf = True
+        ctx = llama_cpp.llama_init_from_model(self._llm.model, params)
+        if not ctx:
+            self._llm.close()
+            raise RuntimeError(f"llama.cpp could not create a context of {params.n_ctx} tokens")
+        self._ctx: llama_cpp.llama_context_p | None = ctx
+        self._memory = llama_cpp.llama_get_memory(ctx)
+        self.n_ctx = int(llama_cpp.llama_n_ctx_seq(ctx))
+        self.kv_budget_tokens = self.n_ctx * parallel_sequences
+        self._batch = llama_cpp.llama_batch_init(self.batch_tokens, 0, 1)
         self.metadata: dict[str, str] = dict(self._llm.metadata)
         logger.info(
-            "model loaded in {:.2f}s ({} tokens of vocabulary)", time.monotonic() - started, self.n_vocab
+            "model loaded in {:.2f}s ({} tokens of vocabulary, KV budget {} tokens)",
+            time.monotonic() - started,
+            self.n_vocab,
+            self.kv_budget_tokens,
         )
 
     # ---- vocabulary (thread-safe: the vocabulary is read-only) ----
@@ -77,6 +121,11 @@ class ModelEngine:
     def vocab(self) -> llama_cpp.llama_vocab_p:
         """The model's vocabulary, for checking grammars against it (grammar.py)."""
         return self._vocab
+
+    @property
+    def ctx(self) -> llama_cpp.llama_context_p:
+        assert self._ctx is not None
+        return self._ctx
 
     def tokenize(self, text: str) -> list[int]:
         # Special tokens are parsed: prompts rendered from a chat template contain them as text.
@@ -94,6 +143,11 @@ class ModelEngine:
     def token_bytes(self, token_id: int) -> bytes:
         return self._llm.detokenize([token_id], special=self.is_special(token_id))
 
+    def detokenize(self, token_ids: list[int]) -> str:
+        """The text of ``token_ids``, special tokens written out (as tokenize parses them); every id
+        must be in the vocabulary (llama.cpp does not check)."""
+        return self._llm.detokenize(token_ids, special=True).decode("utf-8", errors="replace")
+
     def token_text(self, token_id: int) -> str:
         return self.token_bytes(token_id).decode("utf-8", errors="replace")
 
@@ -109,167 +163,50 @@ class ModelEngine:
             return None
         return self.token_text(token_id)
 
+    def prompt_token_texts(self, tokens: Sequence[int]) -> list[str]:
+        return [self.token_text(token_id) for token_id in tokens]
+
     def close(self) -> None:
+        if self._ctx is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            llama_cpp.llama_free(self._ctx)
+            self._ctx = None
         self._llm.close()
 
-    # ---- generation (one at a time, in the generation thread) ----
+    # ---- decoding (in the generation thread) ----
 
-    def generate(
-        self,
-        job: EngineRequest,
-        is_cancelled: Callable[[], bool],
-        on_step: StepCallback | None = None,
-    ) -> EngineResult:
-        result = EngineResult(status="finished", prompt_tokens=len(job.prompt_tokens))
-        result.started_at = time.monotonic()
-        if result.started_at > min(job.queue_deadline, job.deadline):
-            result.status = "queue_timeout"
-            result.finished_at = time.monotonic()
-            return result
-        try:
-            reused = self._prefill(job, is_cancelled)
-        except BaseException:
-            # A failed decode leaves the KV cache in an unknown state; start from scratch next time.
-            self._llm.reset()
-            raise
-        if reused is None:
-            result.status = "cancelled" if is_cancelled() else "timeout"
-            result.finished_at = time.monotonic()
-            return result
-        result.reused_prompt_tokens = reused
-        try:
-            self._decode(job, is_cancelled, on_step, result)
-        except BaseException:
-            self._llm.reset()
-            raise
-        result.finished_at = time.monotonic()
-        return result
+    def keep_prefix(self, seq_id: int, keep: int) -> None:
+        """Drop sequence ``seq_id``'s KV from position ``keep`` on (0: all of it)."""
+        llama_cpp.llama_memory_seq_rm(self._memory, seq_id, keep if keep > 0 else -1, -1)
 
-    def _prefill(self, job: EngineRequest, is_cancelled: Callable[[], bool]) -> int | None:
-        """Evaluate the prompt in chunks; return how many cached tokens were reused, None if stopped."""
-        llm = self._llm
-        tokens = job.prompt_tokens
-        keep = 0
-        if self._prefix_cache and llm.n_tokens > 0:
-            cached = llm.input_ids[: llm.n_tokens]
-            common = 0
-            for a, b in zip(cached, tokens, strict=False):
-                if a != b:
-                    break
-                common += 1
-            # At least one token is evaluated so that fresh logits exist. Chunk boundaries stay at
-            # multiples of the chunk size, so a prompt is always evaluated in the same batches whatever
-            # was cached: greedy output then does not depend on the previous request.
-            keep = (min(common, len(tokens) - 1) // self._chunk) * self._chunk
-        if keep == 0:
-            llm.reset()
-        else:
-            # eval() drops the KV cache from n_tokens on before it decodes.
-            llm.n_tokens = keep
-        for begin in range(keep, len(tokens), self._chunk):
-            if is_cancelled() or time.monotonic() > job.deadline:
-                return None
-            llm.eval(tokens[begin : begin + self._chunk])
-        return keep
+    def decode(self, entries: Sequence[BatchEntry]) -> list[int | None]:
+        """Evaluate one batch; for each entry, the output index of its last token's logits (or None)."""
+        batch = self._batch
+        n = 0
+        outputs: list[int | None] = []
+        for entry in entries:
+            for offset, token in enumerate(entry.tokens):
+                batch.token[n] = token
+                batch.pos[n] = entry.start + offset
+                batch.n_seq_id[n] = 1
+                batch.seq_id[n][0] = entry.seq_id
+                batch.logits[n] = False
+                n += 1
+            if entry.logits:
+                batch.logits[n - 1] = True
+                outputs.append(n - 1)
+            else:
+                outputs.append(None)
+        if n > self.batch_tokens:
+            raise DecodeError(f"a batch of {n} tokens exceeds the batch size {self.batch_tokens}")
+        batch.n_tokens = n
+        code = llama_cpp.llama_decode(self.ctx, batch)
+        if code != 0:
+            raise DecodeError(f"llama_decode failed with code {code}")
+        return outputs
 
-    def _decode(
-        self,
-        job: EngineRequest,
-        is_cancelled: Callable[[], bool],
-        on_step: StepCallback | None,
-        result: EngineResult,
-    ) -> None:
-        llm = self._llm
-        sampling = job.sampling
-        seed: int | None = None
-        if not sampling.greedy:
-            seed = (
-                sampling.seed
-                if sampling.seed is not None
-                else int(np.random.default_rng().integers(2**32 - 1))
-            )
-            # llama.cpp takes a 32-bit seed and reads 0xFFFFFFFF as "random": fold larger seeds into the
-            # range it treats as fixed, so every seed reproduces.
-            llm.set_seed(seed % _LLAMA_RANDOM_SEED)
-        grammar = sampler_grammar(self._vocab, sampling.grammar) if sampling.grammar else None
-        holdback: TokenHoldback[_Held] = TokenHoldback(job.stop)
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        # The prompt is already evaluated, so generate() finds it cached and samples at once.
-        generator = llm.generate(
-            job.prompt_tokens,
-            top_k=sampling.top_k,
-            top_p=sampling.top_p,
-            min_p=0.0,
-            typical_p=sampling.typical_p,
-            temp=sampling.temperature,
-            repeat_penalty=sampling.repetition_penalty,
-            frequency_penalty=sampling.frequency_penalty,
-            presence_penalty=0.0,
-            grammar=grammar,
-        )
-        count = 0
-        try:
-            for token_id in generator:
-                count += 1
-                if result.first_token_at is None:
-                    result.first_token_at = time.monotonic()
-                logprobs = self._last_logprobs()
-                held = _Held(
-                    id=token_id,
-                    logprob=float(logprobs[token_id]),
-                    special=self.is_special(token_id),
-                    top_tokens=self._top_tokens(logprobs, job.top_n_tokens) if job.top_n_tokens else None,
-                )
-                finish: FinishReason | None = None
-                if self.is_end_of_generation(token_id):
-                    released = holdback.finish()
-                    released.append((held, self.token_text(token_id)))
-                    finish = "eos_token"
-                elif held.special:
-                    released = holdback.push(held, self.token_text(token_id), is_text=False)
-                else:
-                    released = holdback.push(held, decoder.decode(self.token_bytes(token_id)))
-                    if holdback.stopped:
-                        finish = "stop_sequence"
-                if finish is None and count >= job.max_new_tokens:
-                    released += holdback.finish()
-                    finish = "length"
-                summary = (
-                    Summary(
-                        finish_reason=finish,
-                        generated_tokens=count,
-                        generated_text=holdback.text,
-                        seed=seed,
-                    )
-                    if finish is not None
-                    else None
-                )
-                for position, (item, text) in enumerate(released):
-                    last = position == len(released) - 1
-                    step = Step(
-                        token=TokenOut(id=item.id, text=text, logprob=item.logprob, special=item.special),
-                        top_tokens=item.top_tokens,
-                        summary=summary if last else None,
-                    )
-                    result.steps.append(step)
-                    if on_step is not None:
-                        on_step(step)
-                result.generated_tokens = count
-                if summary is not None:
-                    result.summary = summary
-                    return
-                # Checked before the generator resumes, i.e. before the next token is computed.
-                if is_cancelled():
-                    result.status = "cancelled"
-                    return
-                if time.monotonic() > job.deadline:
-                    result.status = "timeout"
-                    return
-        finally:
-            generator.close()
-
-    def _last_logprobs(self) -> np.ndarray[Any, np.dtype[np.float32]]:
-        pointer = llama_cpp.llama_get_logits_ith(self._llm.ctx, -1)
+    def logprobs(self, output_index: int) -> Logprobs:
+        pointer = llama_cpp.llama_get_logits_ith(self.ctx, output_index)
         logits = np.ctypeslib.as_array(
             ctypes.cast(pointer, ctypes.POINTER(ctypes.c_float)), shape=(self.n_vocab,)
         )
@@ -277,7 +214,7 @@ class ModelEngine:
         log_total = peak + float(np.log(np.exp(logits - peak).sum()))
         return (logits - log_total).astype(np.float32)
 
-    def _top_tokens(self, logprobs: np.ndarray[Any, np.dtype[np.float32]], n: int) -> list[TokenOut]:
+    def top_tokens(self, logprobs: Logprobs, n: int) -> list[TokenOut]:
         n = min(n, self.n_vocab)
         best = np.argpartition(-logprobs, n - 1)[:n]
         best = best[np.argsort(-logprobs[best])]
@@ -290,6 +227,3 @@ class ModelEngine:
             )
             for token_id in best
         ]
-
-    def prompt_token_texts(self, tokens: Sequence[int]) -> list[str]:
-        return [self.token_text(token_id) for token_id in tokens]

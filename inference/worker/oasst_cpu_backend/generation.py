@@ -33,27 +33,47 @@ from oasst_cpu_backend.schemas import (
 )
 from oasst_cpu_backend.state import ServingState, serving_state
 from oasst_cpu_backend.validation import InvalidRequest, build_request, check_parameters
+from oasst_shared.protocol import ANSWER_START_HEADER
 
 
 async def _prepare(
-    serving: ServingState, body: GenerateRequest, *, stream: bool, arrived: float
+    serving: ServingState, body: GenerateRequest, request: Request, *, stream: bool, arrived: float
 ) -> EngineRequest:
     params = body.parameters
     check_parameters(params, serving.limits, stream=stream)
     if not body.inputs:
         raise InvalidRequest("`inputs` cannot be empty")
+    answer_chars = _answer_start(request, body.inputs)
     gbnf = await request_grammar(params, serving.engine.vocab, serving.settings.grammar_timeout)
     # Off the event loop: a long input takes a noticeable time to tokenize.
     tokens = await asyncio.to_thread(serving.engine.tokenize, body.inputs)
+    answer_start = None
+    if answer_chars is not None:
+        head = await asyncio.to_thread(serving.engine.tokenize, body.inputs[:answer_chars])
+        # Only where the tokens of the text before the answer are those the whole input starts with.
+        answer_start = len(head) if tokens[: len(head)] == head else None
     return build_request(
         params,
         tokens,
         serving.limits,
+        answer_start=answer_start,
+        answer_text=body.inputs[answer_chars:] if answer_start is not None else "",
         gbnf=gbnf,
         enqueued_at=arrived,
         queue_deadline=arrived + serving.settings.queue_timeout,
         deadline=arrived + serving.settings.request_timeout,
     )
+
+
+def _answer_start(request: Request, inputs: str) -> int | None:
+    """The character index of a continued answer's start in ``inputs`` (an extension TGI does not have:
+    those tokens are evaluated as generated tokens were, so a greedy answer continues exactly)."""
+    raw = request.headers.get(ANSWER_START_HEADER)
+    if raw is None:
+        return None
+    if len(raw) > 12 or not (raw.isascii() and raw.isdigit()) or not 0 < int(raw) < len(inputs):
+        raise InvalidRequest(f"`{ANSWER_START_HEADER}` must be a character index inside `inputs`")
+    return int(raw)
 
 
 def _tgi_token(token: TokenOut) -> Token:
@@ -123,7 +143,7 @@ async def _await_result(request: Request, ticket: Ticket, queue_deadline: float)
 async def generate_once(request: Request, body: GenerateRequest) -> Response | GenerateResponse:
     serving = serving_state(request)
     arrived = time.monotonic()
-    job = await _prepare(serving, body, stream=False, arrived=arrived)
+    job = await _prepare(serving, body, request, stream=False, arrived=arrived)
     ticket = serving.scheduler.submit(job, stream=False)
     try:
         result = await _await_result(request, ticket, job.queue_deadline)
@@ -153,6 +173,7 @@ async def generate_once(request: Request, body: GenerateRequest) -> Response | G
             generated_tokens=result.summary.generated_tokens,
             seed=result.summary.seed,
             prefill=prefill,
+            cached_tokens=result.summary.cached_tokens,
             tokens=[_token(step) for step in result.steps],
             top_tokens=top,
         )
@@ -190,6 +211,7 @@ async def _events(serving: ServingState, body: GenerateRequest, ticket: Ticket) 
                         finish_reason=summary.finish_reason,
                         generated_tokens=summary.generated_tokens,
                         seed=summary.seed,
+                        cached_tokens=summary.cached_tokens,
                     )
                     if summary
                     else None
@@ -216,7 +238,7 @@ async def _events(serving: ServingState, body: GenerateRequest, ticket: Ticket) 
 
 async def stream_response(request: Request, body: GenerateRequest) -> Response:
     serving = serving_state(request)
-    job = await _prepare(serving, body, stream=True, arrived=time.monotonic())
+    job = await _prepare(serving, body, request, stream=True, arrived=time.monotonic())
     ticket = serving.scheduler.submit(job, stream=True)
 
     def on_disconnect() -> None:

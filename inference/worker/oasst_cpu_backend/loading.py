@@ -103,9 +103,12 @@ def load(plan: LoadPlan, settings: Settings, progress: LoadProgress) -> LoadedMo
         path,
         n_ctx=plan.n_ctx,
         n_threads=settings.n_threads,
+        n_threads_batch=settings.n_threads_batch,
         n_batch=settings.n_batch,
         prefill_chunk_tokens=settings.prefill_chunk_tokens,
         prefix_cache=settings.prefix_cache,
+        parallel_sequences=settings.parallel_sequences,
+        kv_budget_tokens=settings.kv_budget_tokens,
     )
     seconds = time.monotonic() - started
     logger.info(

@@ -35,13 +35,18 @@ class BackendMetrics:
         self.generated_tokens = counter("generated_tokens", "Tokens generated, all requests")
         self.prompt_tokens = counter("prompt_tokens", "Prompt tokens of started generations")
         self.reused_prompt_tokens = counter(
-            "prefix_cache_tokens", "Prompt tokens served from the KV cache of the previous request"
+            "prefix_cache_tokens",
+            "Prompt tokens served from the prefix cache (KV kept from earlier requests)",
         )
         self.queue_size = gauge("queue_size", "Requests waiting for the model")
-        self.running = gauge("running", "Requests generating right now (0 or 1)")
+        self.running = gauge("running", "Requests being decoded right now (at most slots_total)")
+        self.slots_total = gauge("slots_total", "Sequences decoded together at most (parallel_sequences)")
+        self.slots_busy = gauge("slots_busy", "Sequence slots running a request now")
         self.max_concurrent = gauge("max_concurrent_requests", "Requests admitted at most")
-        # Each request runs with the whole context window, one after another: that is what a new one gets.
-        self.kv_cache_free_tokens = gauge("kv_cache_free_tokens", "KV-cache tokens a new request can use")
+        # A new request needs a free slot; the cached prefix a free slot holds gives way to it.
+        self.kv_cache_free_tokens = gauge(
+            "kv_cache_free_tokens", "KV-cache tokens new requests can use (the free slots' streams)"
+        )
         self.time_to_first_token = histogram(
             "time_to_first_token_seconds",
             "From the request's arrival to its first generated token (queue wait included)",

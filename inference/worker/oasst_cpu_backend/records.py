@@ -35,6 +35,13 @@ class EngineRequest:
     sampling: Sampling
     stop: list[str] = field(default_factory=list)
     top_n_tokens: int = 0
+    # A continuation: the index of the first prompt token that an earlier generation produced (the start
+    # of the answer, X-Answer-Start). From there the prompt is evaluated one token a step, as generated
+    # tokens were, and those tokens count for the penalties: a greedy answer continues exactly.
+    answer_start: int | None = None
+    # That answer's start as text: the tokens a slot generated it with are used where one still holds
+    # them (continued.py), since the text's own tokens may be split otherwise.
+    answer_text: str = ""
     # time.monotonic() values
     enqueued_at: float = 0.0
     queue_deadline: float = float("inf")
@@ -55,6 +62,7 @@ class Summary:
     generated_tokens: int
     generated_text: str
     seed: int | None
+    cached_tokens: int = 0  # prompt tokens served from the prefix cache
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""The HTTP routes: text-generation-inference's API over the engine, plus /tokenize and /metrics."""
+"""The HTTP routes: text-generation-inference's API over the engine, plus /tokenize, /detokenize and
+/metrics."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from oasst_cpu_backend.engine import ModelEngine
 from oasst_cpu_backend.generation import generate_once, stream_response
 from oasst_cpu_backend.model_host import ModelHost
-from oasst_cpu_backend.schemas import GenerateRequest, GenerateResponse, Info, SimpleToken, TokenizeRequest
+from oasst_cpu_backend.schemas import (
+    DetokenizeRequest,
+    DetokenizeResponse,
+    GenerateRequest,
+    GenerateResponse,
+    Info,
+    SimpleToken,
+    TokenizeRequest,
+)
 from oasst_cpu_backend.state import serving_state, serving_state_if_ready
 from oasst_cpu_backend.validation import InvalidRequest
 
@@ -82,8 +91,16 @@ def install_routes(app: FastAPI) -> None:
         body = host.status.as_json() if host is not None else {"status": "loading"}
         if serving is None:
             return JSONResponse(body, status_code=503)
+        scheduler = serving.scheduler
         return JSONResponse(
-            {**body, "model_id": serving.info.model_id, "quantization": serving.info.quantization}
+            {
+                **body,
+                "model_id": serving.info.model_id,
+                "quantization": serving.info.quantization,
+                "slots": {"total": scheduler.slots_total, "busy": scheduler.slots_busy},
+                "kv_cache_free_tokens": scheduler.kv_free_tokens,
+                "kv_budget_tokens": serving.engine.kv_budget_tokens,
+            }
         )
 
     @app.post("/tokenize", summary="Tokens of the input with their character offsets")
@@ -91,6 +108,17 @@ def install_routes(app: FastAPI) -> None:
         engine = serving_state(request).engine
         body = await parse_body(request, TokenizeRequest)
         return await asyncio.to_thread(_tokenize, engine, body.inputs)
+
+    @app.post("/detokenize", summary="The text of token ids (vLLM's shape: tokens -> prompt)")
+    async def detokenize(request: Request) -> DetokenizeResponse:
+        engine = serving_state(request).engine
+        body = await parse_body(request, DetokenizeRequest)
+        unknown = next((t for t in body.tokens if not 0 <= t < engine.n_vocab), None)
+        if unknown is not None:
+            raise InvalidRequest(
+                f"Input validation error: token id {unknown} is not in the vocabulary of {engine.n_vocab}"
+            )
+        return DetokenizeResponse(prompt=await asyncio.to_thread(engine.detokenize, body.tokens))
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics(request: Request) -> Response:

@@ -1,7 +1,9 @@
-"""Admission and serialisation of generations: one model, one generation thread, a bounded queue.
+"""Admission and continuous batching of generations: one model, one generation thread, a bounded queue.
 
-The generation thread is the only one that touches the llama.cpp context. A request's slot is freed
-only when the thread has really stopped working on it, never merely when its HTTP client went away.
+Requests wait in arrival order for a free sequence slot; the generation thread admits them between
+decode steps and decodes every admitted request together (batch.py). The generation thread is the only
+one that touches the llama.cpp context. A request's place is freed only when the thread has really
+stopped working on it, never merely when its HTTP client went away.
 """
 
 from __future__ import annotations
@@ -11,10 +13,11 @@ import concurrent.futures
 import itertools
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from collections import deque
 
 from loguru import logger
 
+from oasst_cpu_backend.batch import BatchRunner
 from oasst_cpu_backend.engine import ModelEngine
 from oasst_cpu_backend.metrics import BackendMetrics
 from oasst_cpu_backend.records import EngineRequest, EngineResult, Step
@@ -39,17 +42,16 @@ class Ticket:
         self.cancel_reason: str | None = None
         self.expired = False
         self._cancel = threading.Event()
-        self._work: concurrent.futures.Future[EngineResult] | None = None
+        self._work: concurrent.futures.Future[EngineResult] = concurrent.futures.Future()
         self.future: asyncio.Future[EngineResult]
 
     def cancel(self, reason: str) -> None:
-        """Stop the generation within one token; a request still waiting is dropped from the queue at once,
+        """Stop the generation within one step; a request still waiting is dropped from the queue at once,
         so that it stops counting against max_concurrent_requests."""
         if not self._cancel.is_set():
             self.cancel_reason = reason
             self._cancel.set()
-        if self._work is not None:
-            self._work.cancel()
+        self._work.cancel()
 
     def expire(self) -> None:
         """Give up on a request that waited too long for the model (it must not run any more)."""
@@ -66,15 +68,34 @@ class Scheduler:
         self._engine = engine
         self._metrics = metrics
         self._max = max_concurrent_requests
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="generation")
+        self._runner = BatchRunner(engine)
         self._tickets: set[Ticket] = set()
+        self._waiting: deque[tuple[Ticket, asyncio.AbstractEventLoop]] = deque()
+        self._wake = threading.Condition()
         self._ids = itertools.count(1)
         self._closed = False
+        self._stopping = False
         metrics.max_concurrent.set(max_concurrent_requests)
+        metrics.slots_total.set(engine.parallel_sequences)
+        self._report_slots()
+        self._thread = threading.Thread(target=self._loop, name="generation", daemon=True)
+        self._thread.start()
 
     @property
     def admitted(self) -> int:
         return len(self._tickets)
+
+    @property
+    def slots_total(self) -> int:
+        return self._engine.parallel_sequences
+
+    @property
+    def slots_busy(self) -> int:
+        return self._runner.slots.busy
+
+    @property
+    def kv_free_tokens(self) -> int:
+        return self._runner.slots.free_tokens
 
     def submit(self, job: EngineRequest, *, stream: bool) -> Ticket:
         """Queue a generation. Must be called from the event loop."""
@@ -88,32 +109,13 @@ class Scheduler:
             )
         loop = asyncio.get_running_loop()
         ticket = Ticket(next(self._ids), job, stream)
-        steps = ticket.steps
-
-        def on_step(step: Step) -> None:
-            if steps is not None:
-                loop.call_soon_threadsafe(steps.put_nowait, step)
-
-        def run() -> EngineResult:
-            ticket.started.set()
-            self._metrics.queue_size.dec()
-            if ticket.is_cancelled():
-                return EngineResult(
-                    status="queue_timeout" if ticket.expired else "cancelled",
-                    prompt_tokens=len(job.prompt_tokens),
-                    finished_at=time.monotonic(),
-                )
-            self._metrics.running.inc()
-            try:
-                return self._engine.generate(job, ticket.is_cancelled, on_step if stream else None)
-            finally:
-                self._metrics.running.dec()
-
         self._tickets.add(ticket)
         self._metrics.queue_size.inc()
-        ticket._work = self._executor.submit(run)
         ticket.future = asyncio.wrap_future(ticket._work, loop=loop)
         ticket.future.add_done_callback(lambda _: self._finished(ticket))
+        with self._wake:
+            self._waiting.append((ticket, loop))
+            self._wake.notify()
         logger.debug(
             "request {} queued: {} prompt tokens, max_new_tokens={}, {} in flight",
             ticket.request_id,
@@ -122,6 +124,75 @@ class Scheduler:
             len(self._tickets),
         )
         return ticket
+
+    # ---- the generation thread ----
+
+    def _loop(self) -> None:
+        runner = self._runner
+        while True:
+            with self._wake:
+                while not self._stopping and not runner.active and not self._waiting:
+                    self._wake.wait()
+                if self._stopping and not runner.active and not self._waiting:
+                    return
+                admissions = []
+                while self._waiting and runner.has_room:
+                    admissions.append(self._waiting.popleft())
+                    if len(admissions) >= runner.slots.free:
+                        break
+            for ticket, loop in admissions:
+                self._admit(ticket, loop)
+            self._report_slots()
+            try:
+                runner.step()
+            except BaseException as error:  # never leave a request waiting on a dead thread
+                logger.opt(exception=error).error("the generation step failed: {}", error)
+                runner.end_all(error)
+            self._report_slots()
+
+    def _admit(self, ticket: Ticket, loop: asyncio.AbstractEventLoop) -> None:
+        work, job = ticket._work, ticket.job
+        if not work.set_running_or_notify_cancel():
+            return  # cancelled while queued: its future is done already
+        ticket.started.set()
+        self._metrics.queue_size.dec()
+        if ticket.is_cancelled() or time.monotonic() > min(job.queue_deadline, job.deadline):
+            status = "cancelled" if ticket.is_cancelled() and not ticket.expired else "queue_timeout"
+            now = time.monotonic()
+            work.set_result(
+                EngineResult(
+                    status=status, prompt_tokens=len(job.prompt_tokens), started_at=now, finished_at=now
+                )
+            )
+            return
+        steps = ticket.steps
+
+        def on_step(step: Step) -> None:
+            if steps is not None:
+                loop.call_soon_threadsafe(steps.put_nowait, step)
+
+        def on_done(outcome: EngineResult | BaseException) -> None:
+            self._metrics.running.dec()
+            if isinstance(outcome, BaseException):
+                work.set_exception(outcome)
+            else:
+                work.set_result(outcome)
+
+        self._metrics.running.inc()
+        try:
+            self._runner.start(
+                job,
+                is_cancelled=ticket.is_cancelled,
+                on_step=on_step if steps is not None else None,
+                on_done=on_done,
+            )
+        except BaseException as error:
+            self._metrics.running.dec()
+            work.set_exception(error)
+
+    def _report_slots(self) -> None:
+        self._metrics.slots_busy.set(self._runner.slots.busy)
+        self._metrics.kv_cache_free_tokens.set(self._runner.slots.free_tokens)
 
     def _finished(self, ticket: Ticket) -> None:
         self._tickets.discard(ticket)
@@ -207,6 +278,9 @@ class Scheduler:
             ticket.cancel("server shutting down")
 
     def shutdown(self) -> None:
-        """Stop every generation (within one token) and wait for the generation thread to end."""
+        """Stop every generation (within one step) and wait for the generation thread to end."""
         self.stop_accepting()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        with self._wake:
+            self._stopping = True
+            self._wake.notify()
+        self._thread.join()

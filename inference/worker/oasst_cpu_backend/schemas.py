@@ -12,6 +12,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from oasst_cpu_backend.records import FinishReason
 
+MAX_DETOKENIZE_TOKENS = 65_536  # ids of one /detokenize request
+
 ErrorType = Literal["validation", "generation", "overloaded", "incomplete_generation"]
 
 
@@ -69,6 +71,16 @@ class TokenizeRequest(BaseModel):
     parameters: GenerateParameters | None = None
 
 
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    tokens: list[int] = Field(max_length=MAX_DETOKENIZE_TOKENS)
+
+
+class DetokenizeResponse(BaseModel):
+    prompt: str  # vLLM's name for the text
+
+
 class Token(BaseModel):
     id: int
     text: str
@@ -90,6 +102,8 @@ class Details(BaseModel):
     tokens: list[Token] = Field(default_factory=list)
     top_tokens: list[list[Token]] | None = None
     best_of_sequences: None = None
+    # An extension: prompt tokens served from the prefix cache (TGI readers ignore it).
+    cached_tokens: int = 0
 
 
 class GenerateResponse(BaseModel):
@@ -101,6 +115,7 @@ class StreamDetails(BaseModel):
     finish_reason: FinishReason
     generated_tokens: int
     seed: int | None = None
+    cached_tokens: int = 0
 
 
 class StreamResponse(BaseModel):
@@ -137,7 +152,7 @@ class Info(BaseModel):
     max_input_tokens: int
     max_total_tokens: int
     max_top_n_tokens: int
-    max_batch_size: int = 1
+    max_batch_size: int = 1  # the sequences decoded together: parallel_sequences
     validation_workers: int = 1
     version: str
     sha: str | None = None
@@ -148,6 +163,8 @@ class Info(BaseModel):
     # The model config served (None: the settings' model file as it is) and its file's GGUF type.
     model_config_name: str | None = None
     quantization: str | None = None
+    # The size of the file it serves: what the model takes in memory, about (workers announce it).
+    model_file_bytes: int | None = None
     chat_template: str | None
     bos_token: str | None
     eos_token: str | None

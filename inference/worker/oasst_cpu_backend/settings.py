@@ -82,6 +82,16 @@ class Settings(BaseSettings):
         "the free cores decoding collapses: measured on 2 busy cores, 2 threads gave 1-20 tokens/s where 1 "
         "thread kept 40-65 (on 2 idle cores, 2 threads give ~110 and 1 thread ~70).",
     )
+    n_threads_batch: int | None = Field(
+        default=None,
+        ge=1,
+        description="llama.cpp threads for a batch of more than one token (sequences generating together, a "
+        "prompt chunk); None: `n_threads`. A batch has more work per step than one token, so a second thread "
+        "pays off there, but only on a core that is free: on this project's 2-core machine, 2 here with "
+        "`n_threads` 1 gave 4 streams 1.7-2.4x the tokens/s of 1 stream in runs while the machine was quiet "
+        "or lightly loaded (1.5x with 1 thread), and 0.3-0.8x in runs while other work ran (see "
+        "`n_threads`). Only for a backend with the cores to itself.",
+    )
     n_batch: int = Field(default=512, ge=1, description="llama.cpp batch size for prompt evaluation.")
     prefill_chunk_tokens: int = Field(
         default=64,
@@ -91,14 +101,30 @@ class Settings(BaseSettings):
     )
     prefix_cache: bool = Field(
         default=True,
-        description="Keep the KV cache of the previous request and re-evaluate only the part of the new "
-        "prompt that differs: chat turns share their history, so this saves most of the prefill.",
+        description="Keep each slot's KV cache after its request ends and re-evaluate only the part of a new "
+        "prompt that differs from the longest cached prefix: chat turns share their history, so this saves "
+        "most of the prefill.",
+    )
+    parallel_sequences: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Sequences decoded together in one batch (continuous batching): requests beyond it wait "
+        "for a slot. Each slot keeps its last request's KV as a cached prefix. What it buys in tokens/s "
+        "depends on the CPU: bench/cpu_batching.py measures it (docs/cpu-backend.md).",
+    )
+    kv_budget_tokens: int | None = Field(
+        default=None,
+        ge=16,
+        description="KV-cache tokens of all slots together, split evenly among them; a slot's share bounds "
+        "one request's prompt plus answer (it lowers `n_ctx` when smaller). None: `n_ctx` per slot. "
+        "SmolLM2-135M needs ~23 KB per token (4 x 2048 tokens: ~190 MB).",
     )
     max_concurrent_requests: int = Field(
         default=16,
         ge=1,
-        description="Requests admitted at once (one generating, the rest waiting); beyond that -> 429 "
-        "overloaded.",
+        description="Requests admitted at once (up to `parallel_sequences` decoding, the rest waiting); "
+        "beyond that -> 429 overloaded.",
     )
     request_timeout: float = Field(
         default=300.0,

@@ -52,7 +52,6 @@ def build_serving(settings: Settings, model: LoadedModel) -> ServingState:
         max_top_n_tokens=settings.max_top_n_tokens,
     )
     metrics = BackendMetrics()
-    metrics.kv_cache_free_tokens.set(engine.n_ctx)
     scheduler = Scheduler(engine, metrics, settings.max_concurrent_requests)
     return ServingState(
         settings, engine, scheduler, metrics, limits, build_info(settings, model, limits), model
@@ -68,12 +67,14 @@ def build_info(settings: Settings, model: LoadedModel, limits: Limits) -> Info:
         model_dtype=f"gguf:{engine.model_path.name}",
         model_config_name=model.plan.config.name if model.plan.config is not None else None,
         quantization=model.file_type,
+        model_file_bytes=engine.model_path.stat().st_size,
         max_concurrent_requests=settings.max_concurrent_requests,
         max_stop_sequences=limits.max_stop_sequences,
         max_input_length=limits.max_input_length,
         max_input_tokens=limits.max_input_length,
         max_total_tokens=limits.n_ctx,
         max_top_n_tokens=limits.max_top_n_tokens,
+        max_batch_size=engine.parallel_sequences,
         version=package_version(),
         llama_cpp_version=llama_cpp.__version__,
         chat_template=metadata.get("tokenizer.chat_template"),

@@ -96,10 +96,15 @@ def build_request(
     enqueued_at: float,
     queue_deadline: float,
     deadline: float,
+    answer_start: int | None = None,
+    answer_text: str = "",
 ) -> EngineRequest:
-    """Truncate the prompt and check it fits the context together with max_new_tokens."""
-    if params.truncate is not None:
+    """Truncate the prompt and check it fits the context together with max_new_tokens. ``answer_start``:
+    the index of the first token of a continued answer's start in ``prompt_tokens``."""
+    if params.truncate is not None and params.truncate < len(prompt_tokens):
         # TGI keeps the end of the input: the newest text matters most.
+        if answer_start is not None:
+            answer_start = max(0, answer_start - (len(prompt_tokens) - params.truncate))
         prompt_tokens = prompt_tokens[-params.truncate :]
     input_length = len(prompt_tokens)
     if input_length == 0:
@@ -122,6 +127,8 @@ def build_request(
         sampling=to_sampling(params, gbnf),
         stop=list(params.stop),
         top_n_tokens=params.top_n_tokens or 0,
+        answer_start=answer_start if answer_start is not None and answer_start < input_length else None,
+        answer_text=answer_text if answer_start is not None else "",
         enqueued_at=enqueued_at,
         queue_deadline=queue_deadline,
         deadline=deadline,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import signal
 import sys
+from collections.abc import Callable
 
 from loguru import logger
 from prometheus_client import start_http_server
@@ -15,12 +16,13 @@ from oasst_shared.model_registry import ModelRegistry
 from oasst_worker.backends.factory import create_embedding_backend, create_generation_backend
 from oasst_worker.connection.client import WorkerClient
 from oasst_worker.connection.errors import FatalWorkerError
+from oasst_worker.connection.switching import Switching
 from oasst_worker.jobs.base import JobFactory
 from oasst_worker.jobs.embedding import EmbeddingJobFactory
 from oasst_worker.jobs.generation import GenerationJobFactory
 from oasst_worker.managed.fleet import ManagedFleet
 from oasst_worker.managed.launch import LaunchError, launch
-from oasst_worker.managed.model_manager import BackendTarget, ModelManager
+from oasst_worker.managed.model_manager import BackendTarget, model_switching
 from oasst_worker.settings import WorkerSettings
 
 
@@ -46,6 +48,28 @@ def model_config(settings: WorkerSettings, registry: ModelRegistry) -> ModelConf
     return config
 
 
+def switching_for(
+    operator: WorkerSettings, registry: ModelRegistry, config: ModelConfig
+) -> Callable[[BackendTarget], Switching | None]:
+    """Each connection's switching of its own backend (protocol 6), from the settings as the operator
+    gave them (parallel requests follow each config from them)."""
+    return lambda target: model_switching(operator, registry, config, target, job_factory)
+
+
+def build_clients(
+    operator: WorkerSettings, registry: ModelRegistry, config: ModelConfig
+) -> tuple[list[WorkerClient], ManagedFleet | None]:
+    """The worker's connections: one to the operator's backend, or one per backend it starts."""
+    settings = operator.model_copy(update={"max_parallel_requests": operator.parallel_requests(config)})
+    switching = switching_for(operator, registry, config)
+    if settings.managed_backend == "none":
+        target = BackendTarget(settings.backend_url)
+        client = WorkerClient(settings, job_factory(settings, config), switching=switching(target))
+        return [client], None
+    fleet = ManagedFleet(settings, config, job_factory, switching=switching)
+    return fleet.clients, fleet
+
+
 async def _main(settings: WorkerSettings) -> int:
     try:
         registry = settings.registry()
@@ -53,20 +77,7 @@ async def _main(settings: WorkerSettings) -> int:
     except (ValueError, KeyError) as exc:  # ModelRegistryError is a ValueError
         logger.error("cannot start: {}", exc)
         return 2
-    settings = settings.model_copy(update={"max_parallel_requests": settings.parallel_requests(config)})
-    fleet: ManagedFleet | None = None
-    if settings.managed_backend == "none":
-        jobs = job_factory(settings, config)
-        clients = [WorkerClient(settings, jobs)]
-        targets = [BackendTarget(settings.backend_url)]
-    else:
-        fleet = ManagedFleet(settings, config, job_factory)
-        clients = fleet.clients
-        targets = fleet.targets()
-    # The fleet side (load and unload over the protocol) will switch models through it.
-    manager = ModelManager(settings, registry, config, targets)
-    servable = [c.name for c in manager.servable()]
-    logger.info("model configs this worker can serve: {}", ", ".join(servable) or "none")
+    clients, fleet = build_clients(settings, registry, config)
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: [asyncio.ensure_future(c.drain()) for c in clients])

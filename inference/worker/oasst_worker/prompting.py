@@ -82,11 +82,11 @@ class PromptBuilder:
             return prompt
         return replace(prompt, tokens=await self.count_tokens(prompt.text), exact=True)
 
-    async def _size(self, text: str) -> int:
-        """A candidate prompt's size for truncation: its bound when that fits the input limit (it then
-        fits, whatever the exact count), else the exact count."""
+    async def _size(self, text: str, limit: int | None = None) -> int:
+        """A candidate prompt's size for truncation: its bound when that fits the input limit (``limit``,
+        the model's by default: it then fits, whatever the exact count), else the exact count."""
         bound = token_bound(text)
-        if bound <= self._config.max_input_length:
+        if bound <= (self._config.max_input_length if limit is None else limit):
             return bound
         return await self.count_tokens(text)
 
@@ -144,16 +144,22 @@ class PromptBuilder:
             tools=tools,
         )
 
-    async def build(self, work: Work) -> Prompt:
-        """The prompt; its ``tokens`` may be only an upper bound (``exact`` False): see :meth:`counted`."""
+    async def build(self, work: Work, reserve: int = 0) -> Prompt:
+        """The prompt; its ``tokens`` may be only an upper bound (``exact`` False): see :meth:`counted`.
+        ``reserve``: input tokens that go after it (a continued answer's start), which it leaves room for."""
         if work.raw_prompt is not None:
             return Prompt(work.raw_prompt, token_bound(work.raw_prompt), exact=False)
         thread, system_prompt, tools = self._assemble(work)
+        limit = max(1, self._config.max_input_length - reserve)
+
+        async def size(text: str) -> int:
+            return await self._size(text, limit)
+
         rendered = await render_truncated(
             self.template,
             thread,
-            max_input_tokens=self._config.max_input_length,
-            count_tokens=self._size,
+            max_input_tokens=limit,
+            count_tokens=size,
             system_prompt=system_prompt,
             bos_token=self.bos_token,
             eos_token=self.eos_token,
@@ -173,7 +179,7 @@ class PromptBuilder:
             if self._backend.takes_messages
             else None
         )
-        bounded = token_bound(rendered.text) <= self._config.max_input_length  # as _size decided
+        bounded = token_bound(rendered.text) <= limit  # as size decided
         return Prompt(rendered.text, rendered.prompt_tokens, messages, exact=not bounded)
 
 

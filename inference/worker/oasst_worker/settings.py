@@ -40,6 +40,11 @@ class WorkerSettings(BaseSettings):
     backend_api_key: str | None = Field(
         default=None, description="openai only: sent as `Authorization: Bearer ...` to the backend."
     )
+    backend_admin_token: str | None = Field(
+        default=None,
+        description="The bundled CPU backend's `OASST_CPU_BACKEND_ADMIN_TOKEN`, sent to its `/admin` routes "
+        "when the server asks the worker to load or unload a model (protocol 6).",
+    )
     backend_model: str | None = Field(
         default=None,
         description="openai only: the model name the backend serves (vLLM's `--served-model-name`); "

@@ -204,6 +204,16 @@ def test_finish_reasons(choice: dict[str, Any], stops_sent: bool, expected: str)
 def test_error_bodies_of_every_shape_give_their_message(body: dict[str, Any], detail: str) -> None:
     error = status_error(httpx.Response(400, json=body))
     assert str(error) == f"the backend answered HTTP 400: {detail}" and not error.retryable
+    assert error.refused  # the request's fault: the server answers its caller 400, not 500
+
+
+@pytest.mark.parametrize(
+    ("status", "refused"), [(400, True), (413, True), (422, True), (404, False), (503, False)]
+)
+def test_only_a_request_error_status_marks_the_request_refused(status: int, refused: bool) -> None:
+    error = status_error(httpx.Response(status, json={"error": "x"}))
+    assert error.refused is refused
+    assert error.retryable is not refused
 
 
 def test_fields_of_an_unexpected_type_read_as_absent() -> None:

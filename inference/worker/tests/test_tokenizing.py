@@ -97,8 +97,12 @@ async def test_counts_are_the_backends_and_a_conversation_is_counted_as_its_prom
     assert isinstance(with_ids, Tokenized)
     assert with_ids.token_ids == [await backend_ids(cpu_backend.url, "héllo wörld")]
     assert with_ids.counts == [len(with_ids.token_ids[0])]
-    # TGI (and the CPU backend, which speaks its API) has no detokenize: an answer that says so.
-    refused = await tokenizer.answer(Detokenize(request_id="q3", token_ids=[[1, 2]]))
+    # The CPU backend detokenizes at /detokenize (TGI has none: the same adapter then answers with an error).
+    texts = await tokenizer.answer(Detokenize(request_id="q3", token_ids=with_ids.token_ids))
+    assert isinstance(texts, Detokenized) and texts.error is None
+    assert texts.texts[0].endswith("héllo wörld")
+    # Ids outside the vocabulary: the backend refuses them, an answer that says so.
+    refused = await tokenizer.answer(Detokenize(request_id="q4", token_ids=[[1, 10_000_000]]))
     assert isinstance(refused, Detokenized) and refused.error == "the backend cannot detokenize"
 
 

@@ -3,8 +3,8 @@ logprobs, penalties, the JSON-schema keywords their grammar enforces), as they r
 
 from __future__ import annotations
 
-from oasst_inference_server.dispatch.worker_registry import LiveModel
 from oasst_inference_server.domain_errors import InvalidRequest
+from oasst_inference_server.scheduling.worker_registry import LiveModel
 from oasst_shared.sampling import SamplingParameters
 from oasst_shared.schema_keywords import schema_keywords
 

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.chats.chat_store import ChatSize
-from oasst_inference_server.db.models import DbMessage
+from oasst_inference_server.db.models import DbMessage, MessageKind
 from oasst_inference_server.dispatch.claim import ChatRow, Taken, conversation
 from oasst_inference_server.dispatch.work_frames import (
     ATTEMPT_DIGITS,
@@ -45,7 +45,7 @@ async def check_frame_size(
     frame can carry it at all; ``max_input_tokens`` is the model's input budget (the claim cuts the
     conversation to it), ``chat_size`` the chat's as admission counted it, ``known`` its parent."""
     chat: list[ChatRow] = []
-    if message.kind == "chat" and message.chat_id is not None:
+    if message.kind == MessageKind.chat and message.chat_id is not None:
         parent = next((m for m in known if m.id == message.parent_id), None)
         if chat_size is not None:
             bound = chat_frame_bound(
@@ -72,11 +72,11 @@ async def check_frame_size(
         raise InvalidRequest("unsendable_request", str(exc)) from None
 
 
-def _largest_part(work: Work | EmbedWork, kind: str) -> tuple[str, int]:
+def _largest_part(work: Work | EmbedWork, kind: MessageKind) -> tuple[str, int]:
     """The request field that takes the most of the frame, by its name in the request, and its bytes."""
     if isinstance(work, EmbedWork):
         return "input", _json_bytes(work.inputs)
-    chat_api = kind == "chat"
+    chat_api = kind == MessageKind.chat
     sizes: dict[str, int] = {}
 
     def add(name: str, value: object) -> None:

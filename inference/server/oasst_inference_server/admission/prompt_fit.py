@@ -11,7 +11,7 @@ are over the limit:
   from the left; ``refuse`` refuses the answer with the numbers. A system prompt that is over the limit
   with an empty message is refused either way: no cut could make it fit.
 
-Sizes come from :mod:`..dispatch.prompt_sizes`: a bound for most prompts, the model's own tokenizer (a
+Sizes come from :mod:`..workers.prompt_sizes`: a bound for most prompts, the model's own tokenizer (a
 worker's backend) for the long ones. When no worker of this process can count a long prompt in time,
 the request is admitted unchecked: the worker then cuts it (chat API) or fails it with the numbers, as it
 did before this check existed.
@@ -21,9 +21,9 @@ from __future__ import annotations
 
 from loguru import logger
 
-from oasst_inference_server.dispatch.prompt_sizes import PromptSize, PromptSizes
-from oasst_inference_server.dispatch.worker_registry import LiveModel
 from oasst_inference_server.domain_errors import InvalidRequest
+from oasst_inference_server.scheduling.worker_registry import LiveModel
+from oasst_inference_server.workers.prompt_sizes import PromptSize, PromptSizes
 from oasst_shared.protocol import ChatTurn, PromptConversation, TokenizeInput
 from oasst_shared.tool_calls import ToolChoice, ToolDefinition
 

@@ -14,8 +14,8 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db.models import DbChat
 from oasst_inference_server.domain_errors import Conflict, InvalidRequest, InvalidValue
+from oasst_inference_server.openai_protocol.generation_requests import ChatCompletionRequest
 from oasst_inference_server.settings import Settings
-from oasst_shared.openai_schemas import ChatCompletionRequest
 
 _SYSTEM_ROLES = ("system", "developer")
 

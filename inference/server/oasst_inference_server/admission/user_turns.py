@@ -9,6 +9,10 @@ turn before its transaction's first write and gives it back once it committed or
 
 The turn must be taken before the first write: a request that waited for the turn holding SQLite's
 write lock (a staged prompt, flushed) would keep the holder from committing until the busy timeout.
+Nor may a waiter hold a pooled connection (its session read the user, the chat): twenty requests of one
+user at once would hold the whole pool while the one with the turn waits for a connection, until the
+pool's timeout answered them 503. A request that must wait ends its read-only transaction first, which
+gives its connection back (the session's objects stay loaded: it does not expire them on commit).
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+
+from sqlmodel.ext.asyncio.session import AsyncSession
 
 
 class _Turn:
@@ -34,9 +40,10 @@ class UserTurns:
         self._turns: dict[str, _Turn] = {}
 
     @asynccontextmanager
-    async def turn(self, user_id: str) -> AsyncIterator[None]:
+    async def turn(self, user_id: str, session: AsyncSession | None = None) -> AsyncIterator[None]:
         """Hold ``user_id``'s turn for the block; released however the block ends (an error, a
-        cancellation), and forgotten once nobody holds or waits for it."""
+        cancellation), and forgotten once nobody holds or waits for it. ``session``: the caller's, whose
+        connection goes back to the pool while the turn is waited for (if it has nothing unwritten)."""
         if not self.enabled:
             yield
             return
@@ -45,6 +52,8 @@ class UserTurns:
             entry = self._turns[user_id] = _Turn()
         entry.holders += 1
         try:
+            if entry.holders > 1 and session is not None and not _has_changes(session):
+                await session.commit()  # nothing to write: ends the read transaction, frees its connection
             async with entry.lock:
                 yield
         finally:
@@ -55,3 +64,7 @@ class UserTurns:
     def held(self) -> int:
         """Users whose turn is held or waited for (for tests: nothing leaks)."""
         return len(self._turns)
+
+
+def _has_changes(session: AsyncSession) -> bool:
+    return bool(session.new or session.dirty or session.deleted)

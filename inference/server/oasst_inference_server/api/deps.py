@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 from starlette.requests import HTTPConnection
 
+from oasst_inference_server.anthropic_api.serving import AnthropicServing
 from oasst_inference_server.api.scheduling_options import (
     PriorityHeader,
     QueueTimeoutHeader,
@@ -29,16 +30,25 @@ from oasst_inference_server.auth.trusted_client import TRUSTED_CLIENT_HEADER, tr
 from oasst_inference_server.auth.user_cache import UserCache
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.db.models import DbUser
-from oasst_inference_server.dispatch.compliance import ComplianceChecker
-from oasst_inference_server.dispatch.compliance_store import ComplianceRecorder
-from oasst_inference_server.dispatch.dispatcher import Dispatchers
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
-from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
 from oasst_inference_server.domain_errors import NotAuthenticated
-from oasst_inference_server.openai_api.openai_service import OpenAIService
+from oasst_inference_server.fleet.switcher import ModelSwitcher
+from oasst_inference_server.openai_api.serving_chat import ChatCompletionServing
+from oasst_inference_server.openai_api.serving_completions import CompletionServing
+from oasst_inference_server.openai_api.serving_embeddings import EmbeddingServing
+from oasst_inference_server.openai_api.serving_models import ModelServing
+from oasst_inference_server.openai_api.serving_scoring import ScoringServing
+from oasst_inference_server.openai_api.serving_tokenize import TokenizeServing
+from oasst_inference_server.responses_api.serving import ResponsesServing
+from oasst_inference_server.scheduling.dispatcher import Dispatchers
+from oasst_inference_server.scheduling.rebalancer import Rebalancer
+from oasst_inference_server.scheduling.worker_registry import WorkerRegistry
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.fanout import StreamFanout
+from oasst_inference_server.streams.message_reads import MessageReads
 from oasst_inference_server.submission import SubmissionService
+from oasst_inference_server.workers.compliance import ComplianceChecker
+from oasst_inference_server.workers.compliance_store import ComplianceRecorder
 from oasst_shared.schemas import SchedulingRequest
 
 
@@ -65,12 +75,23 @@ BrokerDep = Annotated[Broker, Depends(_from_app_state("broker"))]
 StreamFanoutDep = Annotated[StreamFanout, Depends(_from_app_state("stream_fanout"))]
 RegistryDep = Annotated[WorkerRegistry, Depends(_from_app_state("registry"))]
 LifecycleDep = Annotated[MessageLifecycle, Depends(_from_app_state("lifecycle"))]
+MessageReadsDep = Annotated[MessageReads, Depends(_from_app_state("message_reads"))]
 DispatchersDep = Annotated[Dispatchers, Depends(_from_app_state("dispatchers"))]
 ComplianceDep = Annotated[ComplianceRecorder, Depends(_from_app_state("compliance"))]
 SpotChecksDep = Annotated[ComplianceChecker, Depends(_from_app_state("compliance_checker"))]
 SubmissionDep = Annotated[SubmissionService, Depends(_from_app_state("submission"))]
-OpenAIServiceDep = Annotated[OpenAIService, Depends(_from_app_state("openai_service"))]
+# One serving object per API endpoint (vLLM's ``serving`` shape): each route makes one call into its own.
+ModelServingDep = Annotated[ModelServing, Depends(_from_app_state("model_serving"))]
+ChatServingDep = Annotated[ChatCompletionServing, Depends(_from_app_state("chat_serving"))]
+CompletionServingDep = Annotated[CompletionServing, Depends(_from_app_state("completion_serving"))]
+EmbeddingServingDep = Annotated[EmbeddingServing, Depends(_from_app_state("embedding_serving"))]
+ScoringServingDep = Annotated[ScoringServing, Depends(_from_app_state("scoring_serving"))]
+TokenizeServingDep = Annotated[TokenizeServing, Depends(_from_app_state("tokenize_serving"))]
+ResponsesServingDep = Annotated[ResponsesServing, Depends(_from_app_state("responses_serving"))]
+AnthropicServingDep = Annotated[AnthropicServing, Depends(_from_app_state("anthropic_serving"))]
 UserCacheDep = Annotated[UserCache, Depends(_from_app_state("user_cache"))]
+ModelSwitcherDep = Annotated[ModelSwitcher, Depends(_from_app_state("model_switcher"))]
+RebalancerDep = Annotated[Rebalancer, Depends(_from_app_state("rebalancer"))]
 # For work that outlives a request's session (a websocket's whole life, a report over many queries).
 SessionFactoryDep = Annotated[async_sessionmaker[AsyncSession], Depends(_from_app_state("session_factory"))]
 SessionDep = Annotated[AsyncSession, Depends(get_db)]
@@ -164,3 +185,26 @@ async def get_caller(
 
 
 ApiCaller = Annotated[Caller, Depends(get_caller)]
+
+
+_x_api_key = APIKeyHeader(name="x-api-key", auto_error=False, scheme_name="AnthropicApiKey")
+
+
+async def get_anthropic_caller(
+    settings: SettingsDep,
+    session: SessionDep,
+    users: UserCacheDep,
+    x_api_key: Annotated[str | None, Depends(_x_api_key)],
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+    scheduling: SchedulingDep,
+) -> Caller:
+    """As ``get_caller``, with the key as Anthropic's clients send it (``x-api-key``); a bearer token
+    (``ANTHROPIC_AUTH_TOKEN``) works too."""
+    if x_api_key:
+        credentials = HTTPAuthorizationCredentials(scheme="Bearer", credentials=x_api_key)
+    elif credentials is None or credentials.scheme.lower() != "bearer":
+        raise NotAuthenticated("missing_api_key", "no API key: send it as x-api-key: <key>")
+    return await get_caller(settings, session, users, credentials, scheduling)
+
+
+AnthropicCaller = Annotated[Caller, Depends(get_anthropic_caller)]

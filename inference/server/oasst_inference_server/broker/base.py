@@ -83,6 +83,11 @@ class Broker(abc.ABC):
     # other replicas add or remove change no counter here; such a view re-reads them at a bounded age.
     local_session_changes: int = 0
 
+    def session_changed_here(self) -> None:
+        """A session this process holds changed what it serves (a model switch): the cached views of
+        this process are stale, as after a new or a removed session."""
+        self.local_session_changes += 1
+
     def _note_local_session(self, session_id: str, present: bool) -> None:
         """Called by :meth:`put_worker_session` (present) and :meth:`remove_worker_session` (not)."""
         ids: set[str] = self.__dict__.setdefault("_local_session_ids", set())

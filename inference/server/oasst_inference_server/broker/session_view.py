@@ -63,6 +63,11 @@ class WorkerSessionView:
             snapshot = await asyncio.shield(reading)
         return snapshot
 
+    def latest(self) -> SessionSnapshot | None:
+        """The last read, however old (no read is made): for checks on a hot path that may be wrong for
+        a moment."""
+        return self._snapshot
+
     async def sessions(self, *, fresh: bool = False) -> list[WorkerSession]:
         return list((await self.snapshot(fresh=fresh)).sessions.values())
 

@@ -13,8 +13,9 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.chats.usage_records import record_generations
 from oasst_inference_server.db.models import DbChat, DbMessage, DbMessageEvaluation, DbReport, DbUser, utcnow
-from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES, to_message_read
+from oasst_inference_server.dispatch.message_lifecycle import ACTIVE_STATES
 from oasst_inference_server.domain_errors import InvalidRequest, not_found
+from oasst_inference_server.events import to_message_read
 from oasst_shared.schemas import ChatListRead, ChatRead, MessageRead, MessageState, Role
 
 if TYPE_CHECKING:

@@ -10,7 +10,7 @@ from sqlalchemy import func
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from oasst_inference_server.db.models import DbApiKey, DbChat, DbMessage, DbUsageRecord
+from oasst_inference_server.db.models import DbApiKey, DbChat, DbMessage, DbUsageRecord, MessageKind
 from oasst_inference_server.domain_errors import not_found
 from oasst_shared.schemas import ApiKeyUsage, UsageRead, UsageTotals
 
@@ -94,7 +94,7 @@ async def user_usage(session: AsyncSession, user_id: str) -> UsageRead:
 
 
 async def recent_api_requests(
-    session: AsyncSession, user_id: str, kinds: Sequence[str], limit: int, api_key_id: str | None
+    session: AsyncSession, user_id: str, kinds: Sequence[MessageKind], limit: int, api_key_id: str | None
 ) -> list[DbMessage]:
     """The user's most recent messages of the given kinds, newest first (only ``api_key_id``'s if given)."""
     query = select(DbMessage).where(DbMessage.user_id == user_id, DbMessage.kind.in_(kinds))
@@ -104,7 +104,7 @@ async def recent_api_requests(
 
 
 async def get_api_request(
-    session: AsyncSession, user_id: str, kinds: Sequence[str], request_id: str
+    session: AsyncSession, user_id: str, kinds: Sequence[MessageKind], request_id: str
 ) -> DbMessage:
     """The user's message ``request_id`` of one of the given kinds (``not_found`` otherwise)."""
     message = await session.get(DbMessage, request_id)

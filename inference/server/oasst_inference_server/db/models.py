@@ -41,6 +41,19 @@ class StoredEnum(TypeDecorator[E], Generic[E]):
         return None if value is None else self.enum_type(value)
 
 
+class MessageKind(str, enum.Enum):
+    """What a message is, stored as its value (the same strings the column always held)."""
+
+    chat = "chat"  # a turn of a chat (the chat API)
+    completion = "completion"  # an OpenAI-compatible completion (or a Responses API one with store: false)
+    embedding = "embedding"  # an OpenAI-compatible embedding request
+    response = "response"  # a stored response of the Responses API
+    response_deleted = "response_deleted"  # a deleted response: its content erased, its usage kept
+
+    def __str__(self) -> str:  # in logs and f-strings the stored string, as before
+        return self.value
+
+
 class DbUser(SQLModel, table=True):
     __tablename__ = "user"
     __table_args__ = (UniqueConstraint("provider", "provider_account_id", name="uq_user_provider_account"),)
@@ -83,7 +96,7 @@ class DbMessage(SQLModel, table=True):
     id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
     # "chat" messages belong to a chat; "completion" and "embedding" requests of the OpenAI-compatible
     # API may not (see request_payload).
-    kind: str = Field(default="chat", max_length=16)
+    kind: MessageKind = Field(default=MessageKind.chat, sa_type=StoredEnum(MessageKind, 16))
     chat_id: str | None = Field(default=None, foreign_key="chat.id", max_length=36)
     user_id: str | None = Field(default=None, foreign_key="user.id", max_length=36, index=True)
     api_key_id: str | None = Field(default=None, max_length=36, index=True)
@@ -111,6 +124,11 @@ class DbMessage(SQLModel, table=True):
     backend_refusals: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     # Times a worker's backend died while it ran this message; at max_backend_deaths it fails (poison).
     backend_deaths: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
+    # While a message whose worker was lost waits for the next: the text streamed so far, which that
+    # worker continues (docs/failure-semantics.md); the finished content starts with it.
+    answer_prefix: str | None = None
+    # Of prompt_tokens, those the worker's backend served from its prefix cache (where it tells).
+    cached_tokens: int | None = None
     # For requests without a chat: the thread / raw prompt / embedding inputs to send the worker.
     request_payload: dict[str, Any] | None = Field(default=None, sa_column=Column(JSON))
     # Results that are not text (embedding vectors).

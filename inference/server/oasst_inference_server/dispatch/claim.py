@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import JSON, bindparam, func, select, type_coerce, update
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from oasst_inference_server.db.models import DbMessage
+from oasst_inference_server.db.models import DbMessage, MessageKind
 from oasst_shared.protocol import ChatTurn
 from oasst_shared.schemas import MessageState, Role
 
@@ -54,7 +54,7 @@ def thread_to(parent_id: str | None, chat: Sequence[ChatRow]) -> list[ChatTurn]:
 
 
 def _reads_chat(message: DbMessage) -> bool:
-    return message.kind == "chat" and message.chat_id is not None
+    return message.kind == MessageKind.chat and message.chat_id is not None
 
 
 # Built once: constructing these statements costs more CPU than a round trip to the database.
@@ -80,7 +80,7 @@ def _claim_with_chat() -> Any:
     turn = _MESSAGES.alias("turn")
     chat_rows = (
         select(func.json_agg(func.json_build_array(turn.c.id, turn.c.parent_id, turn.c.role, turn.c.content)))
-        .where(turn.c.chat_id == claimed.c.chat_id, claimed.c.kind == "chat")
+        .where(turn.c.chat_id == claimed.c.chat_id, claimed.c.kind == MessageKind.chat)
         .scalar_subquery()
     )
     return select(claimed, type_coerce(chat_rows, JSON).label("chat_rows"))

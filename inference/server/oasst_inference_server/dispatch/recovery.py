@@ -8,7 +8,8 @@ It runs on one replica at a time (a broker lock) every ``recovery_interval`` sec
 2. re-queues pending messages that no work queue holds (Redis flushed or restarted, or a hint was
    lost in flight);
 3. fails pending messages that waited ``no_worker_timeout`` with no worker connected for their
-   model, so a reader gets an error naming the model instead of an endless pending;
+   model (none that serves it nor one that can load it), so a reader gets an error naming the model
+   instead of an endless pending;
 4. fails pending messages that waited longer than their queue timeout (``queue_timeout``, or the
    shorter one the request asked for), with an error saying so.
 """
@@ -29,12 +30,12 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel import select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
-from oasst_inference_server import metrics
+from oasst_inference_server import events, metrics
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.db.models import DbMessage, utcnow
-from oasst_inference_server.dispatch import events, fair_share
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
-from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
+from oasst_inference_server.scheduling import fair_share
+from oasst_inference_server.scheduling.worker_registry import WorkerRegistry
 from oasst_inference_server.settings import Settings
 from oasst_shared.protocol import Cancel, dump_frame
 from oasst_shared.schemas import MessageState
@@ -169,7 +170,11 @@ class RecoveryLoop:
         waiting = await self._waiting(self._settings.no_worker_timeout, snapshot)
         if not waiting:
             return
-        live = await self._registry.live_models()
+        # A model a connected worker can load waits for the load (fleet.on_demand), within its queue timeout.
+        if self._settings.on_demand_loading:
+            live = await self._registry.fleet_models()
+        else:
+            live = await self._registry.live_models()
         now = time.monotonic()
         self._absent_since = {m: t for m, t in self._absent_since.items() if m not in live}
         # Sessions are republished with every pong: a model must stay absent for a few ping intervals

@@ -13,10 +13,12 @@ from typing import NamedTuple
 
 from pydantic import ValidationError
 
-from oasst_inference_server.db.models import DbMessage
+from oasst_inference_server.db.models import DbMessage, MessageKind
+from oasst_inference_server.db.payloads import RequestPayload
 from oasst_inference_server.dispatch.claim import Taken, thread_to
 from oasst_shared.chat_template import MAX_CHARS_PER_TOKEN, cut_to_budget
 from oasst_shared.protocol import (
+    CONTINUATION_PROTOCOL_VERSION,
     MAX_FRAME_BYTES,
     PROTOCOL_VERSION,
     ChatTurn,
@@ -27,7 +29,6 @@ from oasst_shared.protocol import (
     frame_bytes,
 )
 from oasst_shared.sampling import SamplingParameters
-from oasst_shared.tool_calls import ToolDefinition
 
 # The most bytes a character of a string takes in a frame's JSON: a control character is \u00XX.
 MAX_JSON_BYTES_PER_CHAR = 6
@@ -59,6 +60,9 @@ class Claimed(NamedTuple):
 
     work: Work | EmbedWork
     frame: str
+    # The message held the start of an answer (its lost worker's text) that this job does not continue
+    # (the worker cannot, or the frame would be over the limit with it): the answer starts over.
+    restarted: bool = False
 
     @property
     def work_units(self) -> int:
@@ -76,11 +80,38 @@ def work_frame(
     *,
     room: int = 0,
     cut_chat_prompts: bool = False,
+    continues: bool = False,
 ) -> Claimed:
     """The work frame of a message, serialized for ``protocol_version``; raises :class:`UnsendableMessage`
-    if no frame can carry it (:class:`OverFrameLimit` if it, and ``room`` bytes more, are over the limit)."""
+    if no frame can carry it (:class:`OverFrameLimit` if it, and ``room`` bytes more, are over the limit).
+
+    ``continues``: the claiming worker continues answers (its capabilities say so): a message holding the
+    start of its answer is sent with it, unless that puts the frame over the limit; otherwise the job
+    starts the answer over (``Claimed.restarted``)."""
+    prefix = taken.message.answer_prefix or None
+    if not (continues and protocol_version >= CONTINUATION_PROTOCOL_VERSION):
+        return _framed(taken, max_input_tokens, protocol_version, room, cut_chat_prompts, None)._replace(
+            restarted=prefix is not None
+        )
     try:
-        work = build_work(taken, max_input_tokens, cut_chat_prompts)
+        return _framed(taken, max_input_tokens, protocol_version, room, cut_chat_prompts, prefix)
+    except OverFrameLimit:
+        if prefix is None:
+            raise
+    restarted = _framed(taken, max_input_tokens, protocol_version, room, cut_chat_prompts, None)
+    return restarted._replace(restarted=True)
+
+
+def _framed(
+    taken: Taken,
+    max_input_tokens: int | None,
+    protocol_version: int,
+    room: int,
+    cut_chat_prompts: bool,
+    answer_prefix: str | None,
+) -> Claimed:
+    try:
+        work = build_work(taken, max_input_tokens, cut_chat_prompts, answer_prefix)
     # A stored request of another shape than today's (a list where a list of turns belongs...) is a
     # TypeError or a ValidationError: the message fails, alone.
     except (ValidationError, ValueError, TypeError) as exc:
@@ -93,38 +124,39 @@ def work_frame(
 
 
 def build_work(
-    taken: Taken, max_input_tokens: int | None = None, cut_chat_prompts: bool = False
+    taken: Taken,
+    max_input_tokens: int | None = None,
+    cut_chat_prompts: bool = False,
+    answer_prefix: str | None = None,
 ) -> Work | EmbedWork:
     """The job of a message: its conversation cut to ``max_input_tokens`` (the system prompt, then the
     newest turns), or its embedding inputs. A message not claimed yet is built as its first attempt.
     ``cut_chat_prompts``: a chat answer's worker may cut the start of a newest turn the model cannot take
-    (the model config's ``chat_prompt_overflow``)."""
+    (the model config's ``chat_prompt_overflow``). ``answer_prefix``: the start of the answer, which the
+    job continues."""
     message = taken.message
-    payload = message.request_payload or {}
-    if not isinstance(payload, dict):
-        raise ValueError("its stored request is not a JSON object")
+    payload = RequestPayload.model_validate(message.request_payload or {})
     attempt = max(message.attempts, 1)
-    if message.kind == "embedding":
+    if message.kind == MessageKind.embedding:
         return EmbedWork(
             message_id=message.id,
             model_config_name=message.model_config_name or "",
-            inputs=list(payload.get("inputs", [])),
+            inputs=payload.inputs or [],
             attempt=attempt,
         )
-    if message.chat_id is not None and message.kind == "chat":
+    if message.chat_id is not None and message.kind == MessageKind.chat:
         thread = thread_to(message.parent_id, taken.chat)
     else:
-        thread = [ChatTurn.model_validate(t) for t in payload.get("thread", [])]
-    raw_prompt = payload.get("raw_prompt")
+        thread = list(payload.thread or [])
+    raw_prompt = payload.raw_prompt
     if not thread:
         thread = [ChatTurn(role="user", content=raw_prompt or "")]
     elif max_input_tokens is not None:
         # Only what can reach the prompt travels: the system prompt, then the newest turns.
         thread = cut_to_budget(thread, max_input_tokens=max_input_tokens, system_prompt=message.system_prompt)
-    tools = payload.get("tools")
     return Work(
-        tools=[ToolDefinition.model_validate(t) for t in tools] if tools else None,
-        tool_choice=payload.get("tool_choice"),
+        tools=payload.tools or None,
+        tool_choice=payload.tool_choice,
         message_id=message.id,
         chat_id=message.chat_id,
         model_config_name=message.model_config_name or "",
@@ -134,7 +166,8 @@ def build_work(
         raw_prompt=raw_prompt,
         attempt=attempt,
         # Only the chat API cuts a newest turn the model cannot take; /v1 refused it at submission.
-        cut_newest_turn=cut_chat_prompts and message.kind == "chat",
+        cut_newest_turn=cut_chat_prompts and message.kind == MessageKind.chat,
+        answer_prefix=answer_prefix,
     )
 
 

@@ -21,7 +21,7 @@ What is kept of a request (``store_api_conversations``):
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import aclosing
 from datetime import timedelta
 from typing import Any, NamedTuple
@@ -34,20 +34,24 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.caller import Caller
+from oasst_inference_server.broker import Broker
 from oasst_inference_server.chats.chat_store import title_from_prompt
-from oasst_inference_server.db.models import DbChat, DbMessage, utcnow
-from oasst_inference_server.dispatch.events import plain_token_text
+from oasst_inference_server.db.models import DbChat, DbMessage, MessageKind, utcnow
+from oasst_inference_server.db.payloads import RequestPayload, read_embeddings
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
-from oasst_inference_server.dispatch.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.domain_errors import (
     GenerationFailed,
     InvalidRequest,
     NotFound,
     ServiceUnavailable,
 )
+from oasst_inference_server.events import plain_token_text
+from oasst_inference_server.scheduling.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.event_reader import read_message_events
 from oasst_inference_server.streams.fanout import StreamFanout
+from oasst_inference_server.streams.message_reads import MessageReads
+from oasst_inference_server.streams.reader_slots import resumed_readers
 from oasst_inference_server.submission import SubmissionService
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.model_configs import ModelKind
@@ -66,6 +70,8 @@ from oasst_shared.schemas import (
 from oasst_shared.tool_calls import ToolChoice, ToolDefinition
 
 IsDisconnected = Callable[[], Awaitable[bool]]
+# Adds what places a new message (its chat, its turns) to the session, before admission writes.
+StageMessage = Callable[[AsyncSession, DbMessage], None]
 _STREAM_EVENT: TypeAdapter[StreamEvent] = TypeAdapter(StreamEvent)
 
 
@@ -81,7 +87,7 @@ def _decoded(data: str) -> StreamEvent | TokenText:
     return TokenText(text) if text is not None else _STREAM_EVENT.validate_json(data)
 
 
-API_KINDS = ("completion", "embedding")
+API_KINDS = (MessageKind.completion, MessageKind.embedding)
 _TERMINAL_STATES = tuple(s for s in MessageState if s.is_terminal and s != MessageState.manual)
 _SWEEP_AGE = timedelta(minutes=10)  # answered long enough ago that no handler still reads it
 _ABANDONED_WAIT_SECONDS = 600.0
@@ -92,10 +98,38 @@ class ClientGone(Exception):
     """The client disconnected before the answer was ready."""
 
 
-def generation_failure(event: ErrorEvent) -> GenerationFailed:
-    """The error to report for a terminal ``error`` event."""
-    state = event.message.state.value if event.message is not None else "failed"
-    return GenerationFailed(f"generation_{state}", f"the generation failed: {event.error or state}")
+def generation_failure(event: ErrorEvent) -> GenerationFailed | InvalidRequest:
+    """The error to report for a terminal ``error`` event: a request the model's backend refused as
+    invalid is the caller's fault (``InvalidRequest``: a 400), any other failure the server's."""
+    state = event.message.state if event.message is not None else MessageState.failed
+    if state == MessageState.refused:
+        return InvalidRequest("request_refused_by_model", event.error or "the model refused this request")
+    return GenerationFailed(f"generation_{state.value}", f"the generation failed: {event.error or state}")
+
+
+def answer_in_chat(
+    session: AsyncSession,
+    chat: DbChat,
+    message: DbMessage,
+    turns: Iterable[tuple[bool, str]],
+    parent_id: str | None,
+) -> None:
+    """Write ``turns`` ((is the user's, text), in order) into ``chat`` below ``parent_id``, then ``message``
+    as the answer to the last of them: the chat's thread now ends with it."""
+    for prompter, content in turns:
+        stored = DbMessage(
+            chat_id=chat.id,
+            parent_id=parent_id,
+            role=Role.prompter if prompter else Role.assistant,
+            content=content,
+            state=MessageState.manual if prompter else MessageState.complete,
+        )
+        session.add(stored)
+        parent_id = stored.id
+    message.chat_id = chat.id
+    message.parent_id = parent_id
+    message.created_at = message.enqueued_at = utcnow()  # after its turns, in the chat's order
+    chat.active_thread_tail_message_id = message.id
 
 
 class OpenAIService:
@@ -104,6 +138,7 @@ class OpenAIService:
         settings: Settings,
         session_factory: async_sessionmaker[AsyncSession],
         fanout: StreamFanout,
+        reads: MessageReads,
         lifecycle: MessageLifecycle,
         registry: WorkerRegistry,
         submission: SubmissionService,
@@ -111,19 +146,37 @@ class OpenAIService:
         self.settings = settings
         self._sessions = session_factory
         self._fanout = fanout
+        self._reads = reads
         self._lifecycle = lifecycle
         self._registry = registry
         self._submission = submission
+
+    @property
+    def broker(self) -> Broker:
+        return self._fanout.broker
+
+    async def own_request(self, caller: Caller, message_id: str) -> DbMessage | None:
+        """The caller's API request ``message_id`` (a completion), or None: another user's is none."""
+        message = await self._lifecycle.get(message_id)
+        if message is None or message.user_id != caller.user.id or message.kind != MessageKind.completion:
+            return None
+        return message
 
     # ------------------------------------------------------------ models
     async def live_models(self, wanted: str | None = None) -> dict[str, LiveModel]:
         return await self._registry.live_models(wanted)
 
-    async def resolve_model(self, name: str, kind: ModelKind) -> LiveModel:
-        """The live model ``name`` of ``kind``: NotFound if unknown, ServiceUnavailable if no worker serves
-        it now, InvalidRequest if it is of another kind."""
-        live = await self._registry.live_models(wanted=name)
-        model = live.get(name)
+    async def fleet_models(self, wanted: str | None = None) -> dict[str, LiveModel]:
+        """The models workers have loaded and, with on-demand loading, those a worker can load."""
+        return await self._registry.fleet_models(wanted)
+
+    async def resolve_model(self, name: str, kind: ModelKind, *, load: bool = True) -> LiveModel:
+        """The model ``name`` of ``kind``, loaded by a worker or loadable by one (the request, once queued,
+        has a worker load it: ``fleet.on_demand``): NotFound if unknown, ServiceUnavailable if no worker serves it or
+        can load it now, InvalidRequest if it is of another kind. ``load`` false: a model nobody has
+        loaded is ServiceUnavailable (a question only a loaded model can answer, such as a tokenization)."""
+        model = await self._registry.model(name)
+        live = await self._registry.fleet_models()
         available = ", ".join(sorted(n for n, m in live.items() if m.config.kind == kind)) or "none"
         if model is None:
             if name in self._registry.known_model_names(live):
@@ -144,6 +197,13 @@ class OpenAIService:
                 f"{name!r} is a {model.config.kind} model: use {use} (available here: {available})",
                 param="model",
             )
+        if not model.loaded:
+            if not load:
+                raise ServiceUnavailable(
+                    "model_not_loaded",
+                    f"no worker has the model {name!r} loaded right now (a request that generates loads it)",
+                    param="model",
+                )
         return model
 
     # ------------------------------------------------------------ submitting requests
@@ -157,28 +217,31 @@ class OpenAIService:
         thread: list[ChatTurn],
         tools: list[ToolDefinition] | None = None,
         tool_choice: ToolChoice | None = None,
+        *,
+        kind: MessageKind = MessageKind.completion,
+        stage: StageMessage | None = None,
     ) -> list[DbMessage]:
         """One message per choice (each with its sampling), admitted together: the caller's limits, as
         on the chat API, count every one. First the prompt must fit the model (``InvalidRequest``
-        ``context_length_exceeded`` if the system prompt and the last message alone do not)."""
+        ``context_length_exceeded`` if the system prompt and the last message alone do not).
+
+        ``kind``: the messages' kind (the Responses API's stored responses have their own); ``stage``,
+        if given, places each message (e.g. in a chat, with what else its request keeps) instead of
+        ``store_api_conversations``."""
         if self._submission.prompt_fit is not None:
             offered = tools if tool_choice != "none" else None
             await self._submission.prompt_fit.check_chat_completion(
                 model, system_prompt, thread, offered, tool_choice if offered else None
             )
-        payload: dict[str, Any] = {"thread": [t.model_dump(mode="json", exclude_none=True) for t in thread]}
         if tools:
-            payload["tools"] = [t.model_dump(mode="json", exclude_none=True) for t in tools]
-            payload["tool_choice"] = (
-                tool_choice if isinstance(tool_choice, str | None) else tool_choice.model_dump(mode="json")
-            )
+            payload = RequestPayload(thread=thread, tools=tools, tool_choice=tool_choice)
+        else:
+            payload = RequestPayload(thread=thread)
         messages = [
-            self._new_message(
-                caller, "completion", model, sampling, dict(payload), system_prompt=system_prompt
-            )
+            self._new_message(caller, kind, model, sampling, payload, system_prompt=system_prompt)
             for sampling in choices
         ]
-        return await self._submit(session, caller, model, messages, thread)
+        return await self._submit(session, caller, model, messages, thread, stage)
 
     async def submit_completion(
         self,
@@ -192,7 +255,9 @@ class OpenAIService:
         if self._submission.prompt_fit is not None:
             await self._submission.prompt_fit.check_completion(model, prompt)
         messages = [
-            self._new_message(caller, "completion", model, sampling, {"raw_prompt": prompt})
+            self._new_message(
+                caller, MessageKind.completion, model, sampling, RequestPayload(raw_prompt=prompt)
+            )
             for sampling in choices
         ]
         return await self._submit(session, caller, model, messages, [ChatTurn(role="user", content=prompt)])
@@ -200,17 +265,17 @@ class OpenAIService:
     async def submit_embedding(
         self, session: AsyncSession, caller: Caller, model: LiveModel, inputs: list[str]
     ) -> DbMessage:
-        message = self._new_message(caller, "embedding", model, None, {"inputs": inputs})
+        message = self._new_message(caller, MessageKind.embedding, model, None, RequestPayload(inputs=inputs))
         (submitted,) = await self._submit(session, caller, model, [message])
         return submitted
 
     def _new_message(
         self,
         caller: Caller,
-        kind: str,
+        kind: MessageKind,
         model: LiveModel,
         sampling: SamplingParameters | None,
-        payload: dict[str, Any],
+        payload: RequestPayload,
         *,
         system_prompt: str | None = None,
     ) -> DbMessage:
@@ -223,7 +288,7 @@ class OpenAIService:
             model_config_name=model.config.name,
             sampling_parameters=sampling.model_dump(mode="json") if sampling else None,
             system_prompt=system_prompt,
-            request_payload=payload,
+            request_payload=payload.stored(),
             enqueued_at=utcnow(),
         )
 
@@ -233,24 +298,9 @@ class OpenAIService:
         first_user = next((t.content for t in thread if t.role == "user"), "") or "API request"
         chat = DbChat(user_id=message.user_id, title=title_from_prompt(first_user))
         session.add(chat)
-        parent_id: str | None = None
-        for turn in thread:
-            if turn.role in ("system", "tool"):
-                continue  # no place in a chat for these turns; the request keeps them
-            prompter = turn.role == "user"
-            stored = DbMessage(
-                chat_id=chat.id,
-                parent_id=parent_id,
-                role=Role.prompter if prompter else Role.assistant,
-                content=turn.content,
-                state=MessageState.manual if prompter else MessageState.complete,
-            )
-            session.add(stored)
-            parent_id = stored.id
-        message.chat_id = chat.id
-        message.parent_id = parent_id
-        message.created_at = message.enqueued_at = utcnow()  # after its turns, in the chat's order
-        chat.active_thread_tail_message_id = message.id
+        # No place in a chat for system and tool turns; the request keeps them.
+        turns = [(t.role == "user", t.content) for t in thread if t.role in ("user", "assistant")]
+        answer_in_chat(session, chat, message, turns, None)
 
     async def _submit(
         self,
@@ -259,11 +309,15 @@ class OpenAIService:
         model: LiveModel,
         messages: list[DbMessage],
         thread: list[ChatTurn] | None = None,
+        stage: StageMessage | None = None,
     ) -> list[DbMessage]:
         """Admit, commit and queue the messages together; with ``store_api_conversations``, ``thread``
         as the chat of each (only added to the session here: its first write is admission's, which
-        holds the user's turn)."""
-        if thread is not None and self.settings.store_api_conversations:
+        holds the user's turn). ``stage`` instead places each message itself (added, not written)."""
+        if stage is not None:
+            for message in messages:
+                stage(session, message)
+        elif thread is not None and self.settings.store_api_conversations:
             for message in messages:
                 self._store_as_chat(session, message, thread)
         return await self._submission.submit_requests(
@@ -276,12 +330,20 @@ class OpenAIService:
     ) -> AsyncGenerator[list[StreamEvent | TokenText], None]:
         """The message's events, decoded, in batches (one per broker read); ends after the terminal
         one, or early if the client left. A token with nothing but its text comes as :class:`TokenText`."""
-        reader = read_message_events(
-            self._lifecycle, self._fanout, self.settings, message, None, is_disconnected
-        )
+        reader = read_message_events(self._reads, self._fanout, self.settings, message, None, is_disconnected)
         async with aclosing(reader) as batches:
             async for batch in batches:
                 yield [_decoded(entry["data"]) for entry in batch]
+
+    async def positioned_events(
+        self, message: DbMessage, is_disconnected: IsDisconnected
+    ) -> AsyncGenerator[list[tuple[str | None, StreamEvent | TokenText]], None]:
+        """As :meth:`events`, each event with its broker entry id (None for one that was not stored: a
+        queue position, a final answer rebuilt from the database), from the first event on."""
+        reader = read_message_events(self._reads, self._fanout, self.settings, message, None, is_disconnected)
+        async with aclosing(reader) as batches:
+            async for batch in batches:
+                yield [(entry.get("id"), _decoded(entry["data"])) for entry in batch]
 
     async def wait(
         self,
@@ -313,16 +375,22 @@ class OpenAIService:
                         break  # nobody waits for the rest: stop the worker now
             raise ClientGone()
         finally:
-            await self.settle(message, finished, scrub=message.kind != "embedding")
+            await self.settle(message, finished, scrub=message.kind != MessageKind.embedding)
 
-    async def settle(self, message: DbMessage, finished: bool, *, scrub: bool = True) -> None:
+    async def settle(
+        self, message: DbMessage, finished: bool, *, scrub: bool = True, resumable: bool = False
+    ) -> None:
         """After a request: cancel it if its client left before the end; erase what is not kept.
 
+        ``resumable`` (a stream with ids): the cancel waits ``openai_stream_resume_grace_seconds``
+        and does not happen if a client resumed the stream meanwhile (:mod:`.stream_resume`).
         Shielded, so it completes even while the request's task is being cancelled (a disconnect).
         """
         with anyio.CancelScope(shield=True):
             try:
-                if not finished:
+                if not finished and resumable and self.settings.openai_stream_resume_grace_seconds > 0:
+                    _spawn(self._abandon_after_grace(message), name=f"grace-{message.id}")
+                elif not finished:
                     await self._abandon(message)
                 elif scrub:
                     await self.scrub(message)
@@ -335,6 +403,18 @@ class OpenAIService:
             await self._lifecycle.request_cancel(current)
             logger.info("API request {}: the client left, generation cancelled", message.id)
         _spawn(self._scrub_when_finished(message), name=f"scrub-{message.id}")
+
+    async def _abandon_after_grace(self, message: DbMessage) -> None:
+        """Cancel an abandoned stream's message once the grace has passed, unless a resumed reader of
+        it is reading (it holds a reader slot of the message, on any replica)."""
+        await asyncio.sleep(self.settings.openai_stream_resume_grace_seconds)
+        try:
+            if await resumed_readers(self._fanout.broker, message.id):
+                logger.info("API request {}: resumed within the grace, not cancelled", message.id)
+                return
+            await self._abandon(message)
+        except Exception as exc:
+            logger.opt(exception=exc).error("could not settle API request {} after its grace", message.id)
 
     async def _scrub_when_finished(self, message: DbMessage) -> None:
         deadline = asyncio.get_running_loop().time() + _ABANDONED_WAIT_SECONDS
@@ -368,12 +448,34 @@ class OpenAIService:
             await session.exec(update(DbMessage).where(owned, finished, this_or_old, left).values(**values))
             await session.commit()
 
+    async def embed(
+        self,
+        session: AsyncSession,
+        caller: Caller,
+        model: LiveModel,
+        inputs: list[str],
+        is_disconnected: IsDisconnected,
+    ) -> tuple[list[list[float]], int, str]:
+        """Embed ``inputs`` as ``/v1/embeddings`` does: their vectors (in order), the prompt tokens and the
+        request's id; ``GenerationFailed`` if the worker's answer does not have one vector per input."""
+        message = await self.submit_embedding(session, caller, model, inputs)
+        await session.close()
+        try:
+            await self.wait(message, is_disconnected)
+            vectors, prompt_tokens = await self.embeddings_of(message)
+        finally:
+            await self.settle(message, finished=True)  # the vectors are read: erase them
+        if len(vectors) != len(inputs):
+            raise GenerationFailed(
+                "embeddings_mismatch", f"the worker returned {len(vectors)} vectors for {len(inputs)} inputs"
+            )
+        return vectors, prompt_tokens, message.id
+
     async def embeddings_of(self, message: DbMessage) -> tuple[list[list[float]], int]:
         """The vectors and prompt tokens of a finished embedding request (read before the scrub)."""
         current = await self._lifecycle.get(message.id)
-        payload = (current.result_payload if current else None) or {}
-        vectors = payload.get("embeddings")
-        if current is None or not isinstance(vectors, list):
+        vectors = read_embeddings(current.result_payload) if current else None
+        if current is None or vectors is None:
             raise GenerationFailed("embeddings_missing", "the worker returned no embeddings")
         return vectors, current.prompt_tokens or 0
 

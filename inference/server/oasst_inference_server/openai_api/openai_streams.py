@@ -26,19 +26,19 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from starlette.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
 
+from oasst_inference_server import events
 from oasst_inference_server.db.models import DbMessage
-from oasst_inference_server.dispatch import events
+from oasst_inference_server.domain_errors import InvalidRequest
 from oasst_inference_server.openai_api.openai_service import (
     IsDisconnected,
     OpenAIService,
     TokenText,
     generation_failure,
 )
-from oasst_shared.logprobs import TokenLogprob
-from oasst_shared.openai_schemas import (
+from oasst_inference_server.openai_api.stream_positions import ChunkIds
+from oasst_inference_server.openai_protocol.errors import ErrorInfo, ErrorResponse
+from oasst_inference_server.openai_protocol.generation_responses import (
     ChatCompletionStreamChoice,
     ChatCompletionStreamResponse,
     ChoiceLogprobs,
@@ -46,14 +46,13 @@ from oasst_shared.openai_schemas import (
     CompletionLogprobs,
     CompletionStreamResponse,
     DeltaMessage,
-    ErrorInfo,
-    ErrorResponse,
     FunctionDelta,
     OpenAIFinishReason,
     ToolCallDelta,
-    UsageInfo,
     openai_finish_reason,
 )
+from oasst_inference_server.openai_protocol.usage import GenerationUsage
+from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.schemas import (
     ErrorEvent,
     MessageEvent,
@@ -69,11 +68,19 @@ DONE = "data: [DONE]\n\n"
 
 
 def pending_comment(event: PendingEvent) -> str:
-    text = f": pending, queue position {event.queue_position} of {event.queue_size}"
+    loading = ", waiting for a worker to load the model" if event.loading_model else ""
+    text = f": pending{loading}, queue position {event.queue_position} of {event.queue_size}"
     wait = event.estimated_wait_seconds
     if wait is not None:
         text += f", estimated wait {wait:.0f}s"
     return text + "\n\n"
+
+
+def pending_comment_line(event: PendingEvent) -> str:
+    """The pending comment of a stream with ids: one line, no blank line after it. The OpenAI Python SDK
+    keeps the last id it saw (as the SSE spec says) and so turns every blank line after it into an
+    event, with empty data it cannot parse; a comment without one is only a line it skips."""
+    return pending_comment(event)[:-1]
 
 
 def sse(payload: dict[str, Any]) -> str:
@@ -107,7 +114,7 @@ class _Chunks:
         text_chunk = self._chunk([self._choice(_SLOT, None)])
         self._text_head, _, self._text_tail = text_chunk.rpartition(_json_string(_SLOT))
 
-    def _chunk(self, choices: list[Any], usage: UsageInfo | None = None) -> str:
+    def _chunk(self, choices: list[Any], usage: GenerationUsage | None = None) -> str:
         raise NotImplementedError
 
     def _choice(
@@ -138,12 +145,12 @@ class _Chunks:
     def finish(self, reason: OpenAIFinishReason) -> str:
         return self._chunk([self._choice(None, reason)])
 
-    def usage(self, usage: UsageInfo) -> str:
+    def usage(self, usage: GenerationUsage) -> str:
         return self._chunk([], usage)
 
 
 class ChatChunks(_Chunks):
-    def _chunk(self, choices: list[ChatCompletionStreamChoice], usage: UsageInfo | None = None) -> str:
+    def _chunk(self, choices: list[ChatCompletionStreamChoice], usage: GenerationUsage | None = None) -> str:
         chunk = ChatCompletionStreamResponse(
             id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
         ).model_dump(mode="json")
@@ -195,7 +202,7 @@ class ChatChunks(_Chunks):
 
 
 class CompletionChunks(_Chunks):
-    def _chunk(self, choices: list[CompletionChoice], usage: UsageInfo | None = None) -> str:
+    def _chunk(self, choices: list[CompletionChoice], usage: GenerationUsage | None = None) -> str:
         return sse(
             CompletionStreamResponse(
                 id=self.id, created=self.created, model=self.model, choices=choices, usage=usage
@@ -220,37 +227,49 @@ async def stream_answer(
     *,
     include_usage: bool,
     is_disconnected: IsDisconnected,
+    ids: ChunkIds,
 ) -> AsyncGenerator[str, None]:
+    """One answer's chunks, each with its id (:mod:`.stream_positions`); a resumed stream's ``ids`` drop
+    the chunks its client already has. Rendered from the first event either way, so a resumed stream's
+    chunks are the ones the first stream had."""
     finished = False
     sent_text = False
     try:
-        if first := chunks.start():
-            yield first
-        async with contextlib.aclosing(service.events(message, is_disconnected)) as batches:
+        if (first := chunks.start()) and (opening := ids.opening(first)):
+            yield opening
+        async with contextlib.aclosing(service.positioned_events(message, is_disconnected)) as batches:
             async for batch in batches:
                 # One write per batch of events: a stream that fell behind catches up in one send.
                 out: list[str] = []
-                for event in batch:
+                for entry_id, event in batch:
+                    chunk: str | None = None
                     if type(event) is TokenText:
                         sent_text = True
-                        out.append(chunks.text_json(event.json))
+                        chunk = chunks.text_json(event.json)
                     elif isinstance(event, TokenEvent):
                         sent_text = True
-                        out.append(chunks.text(event.text, event.logprobs))
+                        chunk = chunks.text(event.text, event.logprobs)
                     elif isinstance(event, PendingEvent):
-                        out.append(pending_comment(event))
+                        if entry_id is None or ids.is_new(entry_id):  # a comment: it can have no id
+                            out.append(pending_comment_line(event))
                     elif isinstance(event, MessageEvent | ErrorEvent) or (
                         isinstance(event, RetryEvent) and sent_text
                     ):
                         # A retry after text was sent is not finished: settle() cancels the
                         # regeneration nobody would read.
                         finished = events.is_terminal_type(event.event_type)
-                        yield "".join([*out, *_closing_chunks(event, chunks, include_usage), DONE])
+                        closing = [*_closing_chunks(event, chunks, include_usage), DONE]
+                        yield "".join([*out, *ids.frame(entry_id, closing)])
                         return
+                    if chunk is not None:
+                        if entry_id is None:
+                            out.append(chunk)
+                        elif framed := ids.one(entry_id, chunk):
+                            out.append(framed)
                 if out:
                     yield "".join(out)
     finally:
-        await service.settle(message, finished)
+        await service.settle(message, finished, resumable=True)
 
 
 async def stream_choices(
@@ -310,8 +329,10 @@ async def stream_choices(
                 yield "".join(out)
         closing = []
         if include_usage:
-            usage = UsageInfo.of(
-                sum(f.prompt_tokens or 0 for f in finals), sum(f.generated_tokens or 0 for f in finals)
+            usage = GenerationUsage.of(
+                sum(f.prompt_tokens or 0 for f in finals),
+                sum(f.generated_tokens or 0 for f in finals),
+                sum(f.cached_tokens or 0 for f in finals),
             )
             closing.append(chunks[0].usage(usage))
         yield "".join([*closing, DONE])
@@ -336,11 +357,13 @@ def _closing_chunks(
             chunks.finish(openai_finish_reason(final.finish_reason, bool(calls))),
         ]
         if include_usage:
-            closing.append(chunks.usage(UsageInfo.of(final.prompt_tokens, final.generated_tokens)))
+            usage = GenerationUsage.of(final.prompt_tokens, final.generated_tokens, final.cached_tokens)
+            closing.append(chunks.usage(usage))
         return closing
     if isinstance(event, ErrorEvent):
         failure = generation_failure(event)
-        return [error_chunk(failure.detail, failure.code)]
+        kind = "invalid_request_error" if isinstance(failure, InvalidRequest) else "server_error"
+        return [error_chunk(failure.detail, failure.code, kind)]
     return [
         error_chunk(
             f"the worker generating this answer was lost ({event.reason}); "
@@ -348,26 +371,3 @@ def _closing_chunks(
             "worker_lost",
         )
     ]
-
-
-class OpenAIStreamResponse(StreamingResponse):
-    """A ``text/event-stream`` response that always closes its generator, shielded.
-
-    Starlette stops iterating when the client disconnects but leaves closing the generator to the
-    garbage collector; closing it here runs its ``finally`` (the cancel) at once.
-    """
-
-    def __init__(self, content: AsyncGenerator[str, None], headers: dict[str, str] | None = None):
-        super().__init__(
-            content,
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **(headers or {})},
-        )
-        self._generator = content
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with anyio.CancelScope(shield=True):
-                await self._generator.aclose()

@@ -7,13 +7,13 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 
 from loguru import logger
 
+from oasst_inference_server import events
 from oasst_inference_server.broker import Broker, BrokerError, StreamEntry
 from oasst_inference_server.broker.keys import parse_stream_id
 from oasst_inference_server.db.models import DbMessage, utcnow
-from oasst_inference_server.dispatch import events
-from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.fanout import StreamFanout, Subscription
+from oasst_inference_server.streams.message_reads import MessageReads
 from oasst_inference_server.streams.sse import SseEvent
 from oasst_shared.schemas import MessageState
 
@@ -22,7 +22,7 @@ FIRST_PENDING_WAIT = 0.2  # seconds a new reader of a pending message waits for 
 
 
 async def read_message_events(
-    lifecycle: MessageLifecycle,
+    reads: MessageReads,
     fanout: StreamFanout,
     settings: Settings,
     message: DbMessage,
@@ -69,11 +69,11 @@ async def read_message_events(
                 return
             # One read for every silent reader of this process at this moment (state_checks); the whole
             # message only where there is something to tell.
-            state = await lifecycle.state_checks.state(message_id)
+            state = await reads.state_checks.state(message_id)
             if state is None:
                 return
             if state.is_terminal or state == MessageState.pending:
-                message = await lifecycle.get(message_id)
+                message = await reads.get(message_id)
                 if message is None:
                     return
                 state = MessageState(message.state)
@@ -88,10 +88,12 @@ async def read_message_events(
                     yield batch
                     if ended:
                         return
-                yield [{"data": lifecycle.final_event(message)}]
+                yield [{"data": reads.final_event(message)}]
                 return
             if state == MessageState.pending:
-                yield [{"data": events.pending_event(*await lifecycle.queue_position(message))}]
+                position = await reads.queue_position(message)
+                loading = await reads.model_loading(message)
+                yield [{"data": events.pending_event(*position, loading_model=loading)}]
 
 
 async def _gap_event(broker: Broker, stream: str, after: str) -> str | None:

@@ -38,8 +38,8 @@ from collections.abc import AsyncIterator
 
 from loguru import logger
 
+from oasst_inference_server import events
 from oasst_inference_server.broker import Broker, BrokerError, StreamEntry, StreamId, parse_stream_id
-from oasst_inference_server.dispatch import events
 
 BUFFER_LIMIT = 2048  # entries a subscriber may fall behind its feed before it is detached
 READ_COUNT = 512  # entries per broker read, and at most per batch a subscriber returns

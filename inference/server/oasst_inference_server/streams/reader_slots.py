@@ -19,6 +19,7 @@ from oasst_inference_server.settings import Settings
 
 READER_SLOT_TTL = 60.0
 _RETRY_AFTER = 5  # seconds
+_PROBE_TTL = 5.0  # seconds a probe's slot would live if it were not given back
 
 
 class ReaderLease:
@@ -55,13 +56,27 @@ class ReaderLease:
             await self.release()
 
 
+def _message_slot(message_id: str) -> str:
+    return f"sse-message:{message_id}"
+
+
+async def resumed_readers(broker: Broker, message_id: str) -> bool:
+    """Whether any reader holds a slot of the message now, on any replica. Asked by taking the slot with
+    a limit of one (refused while another holder has one) and giving it back at once."""
+    probe = f"probe-{uuid.uuid4().hex}"
+    free = await broker.acquire_slot(_message_slot(message_id), probe, 1, _PROBE_TTL)
+    if free:
+        await broker.release_slot(_message_slot(message_id), probe)
+    return not free
+
+
 async def acquire_reader(broker: Broker, settings: Settings, user_id: str, message_id: str) -> ReaderLease:
     """A reader's slots, or ``RateLimited`` naming the cap it met."""
     lease = ReaderLease(
         broker,
         [
             (f"sse-user:{user_id}", settings.max_sse_readers_per_user),
-            (f"sse-message:{message_id}", settings.max_sse_readers_per_message),
+            (_message_slot(message_id), settings.max_sse_readers_per_message),
         ],
     )
     full = await lease._take()

@@ -8,7 +8,7 @@ SseEvent = dict[str, str]
 def encode_sse(batch: list[SseEvent]) -> bytes:
     """One batch as server-sent events, ready to write (``\r\n`` line ends, as sse-starlette's).
 
-    Event data is always one line: the encoders of :mod:`oasst_inference_server.dispatch.events`
+    Event data is always one line: the encoders of :mod:`oasst_inference_server.events`
     produce compact JSON (``json.dumps``, ``model_dump_json``), which escapes line breaks, so each
     event is one ``data:`` line.
     """

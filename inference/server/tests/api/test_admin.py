@@ -27,6 +27,7 @@ ADMIN_ROUTES = [
     ("DELETE", "/admin/users/{id}", None),
     ("PUT", "/admin/users/{id}/tier", {"tier": "priority"}),
     ("GET", "/admin/queues", None),
+    ("GET", "/admin/rebalancer", None),
 ]
 
 
@@ -217,3 +218,12 @@ async def test_worker_key_limits_are_set_listed_and_validated(client):
     assert_error(
         await client.put("/admin/workers/nope/limits", json={}, headers=ADMIN), 404, "worker_not_found"
     )
+
+
+async def test_the_rebalancer_status_shows_its_settings_and_decisions(client, app):
+    app.state.rebalancer.decisions.clear()
+    status = await client.get("/admin/rebalancer", headers=ADMIN)
+    assert status.status_code == 200, status.text
+    body = status.json()
+    assert body["enabled"] is (app.state.settings.rebalance_interval > 0)
+    assert body["decisions"] == [] and isinstance(body["models"], list)

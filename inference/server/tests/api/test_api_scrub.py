@@ -66,6 +66,7 @@ async def test_an_answered_request_keeps_only_its_usage(app, user, other_user, s
             app.state.settings.model_copy(update={"store_api_conversations": True}),
             app.state.session_factory,
             app.state.stream_fanout,
+            app.state.message_reads,
             app.state.lifecycle,
             app.state.registry,
             app.state.submission,

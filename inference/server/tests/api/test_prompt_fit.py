@@ -16,7 +16,7 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
-from oasst_inference_server.dispatch.worker_connection import WorkerConnection
+from oasst_inference_server.workers.worker_connection import WorkerConnection
 from oasst_shared.protocol import (
     GeneratedText,
     PromptConversation,

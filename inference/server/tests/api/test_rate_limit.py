@@ -77,7 +77,7 @@ async def add_generation(
                 role="assistant",
                 state=state,
                 model_config_name="m",
-                kind="chat" if chat_id else "chat_completion",
+                kind="chat" if chat_id else "completion",  # an API request
                 enqueued_at=utcnow() - timedelta(minutes=minutes_ago),
             )
         )

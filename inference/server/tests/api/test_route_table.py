@@ -121,6 +121,19 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("POST", "/v1/chat/completions"): (Access.API, False),
     ("POST", "/v1/completions"): (Access.API, False),
     ("POST", "/v1/embeddings"): (Access.API, False),
+    ("POST", "/v1/messages"): (Access.API, False),  # the Anthropic Messages API (x-api-key too)
+    ("POST", "/v1/messages/count_tokens"): (Access.API, False),
+    ("POST", "/v1/responses"): (Access.API, False),
+    ("GET", "/v1/responses/{response}"): (Access.API, True),
+    ("DELETE", "/v1/responses/{response}"): (Access.API, True),
+    ("POST", "/v1/responses/{response}/cancel"): (Access.API, True),
+    ("GET", "/v1/responses/{response}/input_items"): (Access.API, True),
+    ("GET", "/v1/chat/completions/{completion_id}/stream"): (Access.API, True),  # resuming a stream
+    ("GET", "/v1/completions/{completion_id}/stream"): (Access.API, True),
+    ("POST", "/v1/rerank"): (Access.API, False),
+    ("POST", "/v1/score"): (Access.API, False),
+    ("POST", "/tokenize"): (Access.API, False),  # vLLM's paths, outside /v1
+    ("POST", "/detokenize"): (Access.API, False),
     ("GET", "/admin/workers"): (Access.ADMIN, False),
     ("POST", "/admin/workers"): (Access.ADMIN, False),
     ("POST", "/admin/workers/{worker_id}/api_key"): (Access.ADMIN, False),
@@ -130,6 +143,10 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("PUT", "/admin/workers/{worker_id}/trust"): (Access.ADMIN, False),
     ("GET", "/admin/compliance_checks"): (Access.ADMIN, False),
     ("GET", "/admin/queues"): (Access.ADMIN, False),
+    ("GET", "/admin/fleet"): (Access.ADMIN, False),
+    ("POST", "/admin/fleet/moves"): (Access.ADMIN, False),
+    ("POST", "/admin/fleet/unloads"): (Access.ADMIN, False),
+    ("GET", "/admin/rebalancer"): (Access.ADMIN, False),
     ("PUT", "/admin/users/{user_id}/tier"): (Access.ADMIN, False),
     ("GET", "/admin/users/{user_id}"): (Access.ADMIN, False),
     ("POST", "/admin/users/{user_id}/revoke_tokens"): (Access.ADMIN, False),
@@ -138,6 +155,22 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
 # Routes whose owner may get a 404 for reasons of the resource, not of access (a chat answer is not
 # an API request).
 OWNER_404_OK = {("GET", "/usage/requests/{request_id}")}
+# The world's "response" is the id a response of its chat answer would have: not a stored response.
+OWNER_404_OK |= {
+    ("GET", "/v1/responses/{response}"),
+    ("DELETE", "/v1/responses/{response}"),
+    ("POST", "/v1/responses/{response}/cancel"),
+    ("GET", "/v1/responses/{response}/input_items"),
+}
+# Likewise the world's "completion_id" names its chat answer, which is not an API completion.
+OWNER_404_OK |= {
+    ("GET", "/v1/chat/completions/{completion_id}/stream"),
+    ("GET", "/v1/completions/{completion_id}/stream"),
+}
+# Path values that differ by route ("{...}" filled in from the world): a completion's id names its API.
+PATH_VALUES: dict[tuple[str, str], dict[str, str]] = {
+    ("GET", "/v1/completions/{completion_id}/stream"): {"completion_id": "cmpl-{message_id}"},
+}
 # Valid bodies where validation would otherwise answer before the ownership check; "{...}" values
 # are filled in from the world.
 BODIES: dict[tuple[str, str], dict[str, Any]] = {
@@ -204,6 +237,8 @@ async def make_world(
             "prompter_id": conversation.prompter_id,
             "key_id": key["id"],
             "request_id": conversation.assistant_id,
+            "response": f"resp_{conversation.assistant_id}",
+            "completion_id": f"chatcmpl-{conversation.assistant_id}",
             "worker_id": worker["id"],
             "user_id": owner.id,
             "provider": "github",
@@ -252,7 +287,8 @@ async def call(
         }
         if "score" in body:
             body["score"] = 1
-    url = path.format(**world.values)
+    overrides = {k: v.format(**world.values) for k, v in PATH_VALUES.get((method, path), {}).items()}
+    url = path.format(**{**world.values, **overrides})
     return await client.request(method, url, json=body, headers=headers, follow_redirects=False)
 
 

@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import update
 
 from oasst_inference_server.db.models import DbMessage, DbUserSettings
-from oasst_inference_server.dispatch import fair_share
-from oasst_inference_server.dispatch.message_lifecycle import UnsendableMessage
+from oasst_inference_server.dispatch.work_frames import UnsendableMessage
+from oasst_inference_server.scheduling import fair_share
 from oasst_shared.limits import MAX_JSON_DEPTH
 from tests.support.api import API, finish_message, start_chat
 

@@ -3,8 +3,8 @@ is still answered, from the database."""
 
 from __future__ import annotations
 
+from oasst_inference_server import events
 from oasst_inference_server.db.models import DbMessage
-from oasst_inference_server.dispatch import events
 from tests.support.api import API, start_chat
 
 pytestmark = API

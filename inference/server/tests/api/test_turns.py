@@ -7,7 +7,7 @@ import asyncio
 import json
 from contextlib import aclosing
 
-from oasst_inference_server.dispatch import events
+from oasst_inference_server import events
 from oasst_inference_server.streams import event_reader
 from oasst_shared.protocol import GeneratedText
 from tests.support.api import API, MAX_MESSAGES_PER_CHAT, assert_error, finish_message, start_chat
@@ -159,15 +159,15 @@ async def test_an_answer_that_gets_a_worker_at_once_streams_without_a_queue_posi
     # The reader gives the worker this long before it works out a queue position: longer than the
     # worker below takes, however loaded the machine.
     monkeypatch.setattr(event_reader, "FIRST_PENDING_WAIT", 10.0)
-    lifecycle = app.state.lifecycle
+    reads = app.state.message_reads
     asked: list[str] = []
-    queue_position = lifecycle.queue_position
+    queue_position = reads.queue_position
 
     async def counted(message):
         asked.append(message.id)
         return await queue_position(message)
 
-    monkeypatch.setattr(lifecycle, "queue_position", counted)
+    monkeypatch.setattr(reads, "queue_position", counted)
     response = await answered_turn(client, app, user, live_model, "Quick", "At once.")
     stream = data_events(response.text)
     assert [e["event_type"] for e in stream] == ["created", "token", "token", "message"]
@@ -184,7 +184,7 @@ async def test_an_answer_that_waits_gets_its_queue_position_after_the_first_wait
     assert settings.pending_update_interval >= 0.5
     message = await lifecycle.get(conversation.assistant_id)
     reader = event_reader.read_message_events(
-        lifecycle, app.state.stream_fanout, settings, message, None, _connected
+        app.state.message_reads, app.state.stream_fanout, settings, message, None, _connected
     )
     started = asyncio.get_running_loop().time()
     async with aclosing(reader) as batches:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import uuid
 
-from oasst_inference_server.dispatch.compliance_store import FAILED, INCONCLUSIVE, PASSED, CheckResult
+from oasst_inference_server.workers.compliance_store import FAILED, INCONCLUSIVE, PASSED, CheckResult
 from tests.support.api import ADMIN, API, assert_error
 
 pytestmark = API

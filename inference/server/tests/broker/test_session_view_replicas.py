@@ -12,7 +12,7 @@ import pytest
 
 from oasst_inference_server.broker import RedisBroker
 from oasst_inference_server.broker.session_view import WorkerSessionView
-from oasst_inference_server.dispatch.worker_registry import WorkerRegistry
+from oasst_inference_server.scheduling.worker_registry import WorkerRegistry
 from tests.support.sessions import session_record
 
 pytestmark = pytest.mark.redis

@@ -57,6 +57,8 @@ def backend_capabilities(settings: WorkerSettings) -> WorkerCapabilities:
     default ``max_top_n_tokens``); TGI's client refuses a zero or negative ``frequency_penalty`` and has
     no presence penalty. OpenAI-compatible servers take the OpenAI fields themselves: in ``chat`` mode
     all of them, in ``completions`` mode all but tools and ``response_format`` (not part of that API).
+    A backend that completes a rendered prompt (TGI, the CPU backend, ``completions`` mode) continues an
+    answer a lost worker started: its text goes after the prompt. A Messages API (``chat`` mode) cannot.
     """
     if settings.backend_kind == "tgi":
         grammar = settings.structured_output
@@ -68,6 +70,7 @@ def backend_capabilities(settings: WorkerSettings) -> WorkerCapabilities:
             frequency_penalty=True,
             # The bundled backend's converter; TGI's (outlines) enforces more, never less of these.
             unenforced_schema_keywords=list(LLAMA_CPP_UNENFORCED) if grammar else [],
+            continue_answer=True,
         )
     if settings.backend_kind == "openai":
         chat = settings.openai_mode == "chat"
@@ -78,5 +81,6 @@ def backend_capabilities(settings: WorkerSettings) -> WorkerCapabilities:
             max_top_logprobs=20 if chat else 5,
             frequency_penalty=True,
             presence_penalty=True,
+            continue_answer=not chat,
         )
     return WorkerCapabilities()

@@ -167,6 +167,7 @@ def status_error(response: httpx.Response) -> BackendError:
     return BackendError(
         f"the backend answered HTTP {status}: {_error_detail(response)}",
         retryable=status not in _NOT_RETRYABLE_STATUS,
+        refused=status in _NOT_RETRYABLE_STATUS,
         # No free slot or a server error before the stream began: the backend's state, not the message's.
         unavailable=status in _UNAVAILABLE_STATUS,
     )
@@ -181,7 +182,9 @@ def _stream_error(chunk: CompletionChunk) -> BackendError:
         "invalid_request_error",
         "BadRequestError",
     )
-    return BackendError(f"the backend failed mid-stream: {cause.describe()}", retryable=not bad_request)
+    return BackendError(
+        f"the backend failed mid-stream: {cause.describe()}", retryable=not bad_request, refused=bad_request
+    )
 
 
 async def _sse_data(response: httpx.Response) -> AsyncGenerator[CompletionChunk, None]:

@@ -3,7 +3,8 @@
 Readers, not the API: they hold only the fields the adapter uses, ignore the rest, and accept each
 server's variants (vLLM's ``stop_reason``, SGLang's ``matched_stop``, errors as ``{"error": {...}}`` or as
 a top-level ``{"object": "error", ...}``). A field of an unexpected type reads as absent, as it would for
-a server that does not send it. Our own OpenAI-compatible API is ``oasst_shared.openai_schemas``.
+a server that does not send it. Our own OpenAI-compatible API is the server's
+``oasst_inference_server.openai_protocol``.
 """
 
 from __future__ import annotations

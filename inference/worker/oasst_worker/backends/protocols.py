@@ -72,6 +72,13 @@ class GenerationBackend(BackendBase, Protocol):
         self, prompt: str, params: SamplingParameters, max_new_tokens: int
     ) -> GenerationStream: ...
 
+    def continue_stream(
+        self, prompt: str, answer_prefix: str, params: SamplingParameters, max_new_tokens: int
+    ) -> GenerationStream:
+        """Generate after ``prompt`` and ``answer_prefix``, the start of the answer an earlier generation
+        produced (a continuation): by default the two as one prompt."""
+        return self.generate_stream(prompt + answer_prefix, params, max_new_tokens)
+
     def generate_chat_stream(
         self,
         messages: list[ChatTurn],

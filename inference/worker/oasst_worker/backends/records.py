@@ -23,13 +23,23 @@ class BackendError(Exception):
     ``connection_lost``: the connection broke after the request was sent (reset, closed without an
     answer, a stream cut short). The backend may have died while it ran the request, maybe of it: the
     job asks the backend's health check to tell (a dead backend counts against the message).
+
+    ``refused``: the backend judged the request itself invalid (a 400, 413 or 422, a validation error):
+    the request's fault, so it is not retried and its caller is told so (a 4xx, not a server error).
     """
 
     def __init__(
-        self, message: str, *, retryable: bool, unavailable: bool = False, connection_lost: bool = False
+        self,
+        message: str,
+        *,
+        retryable: bool,
+        unavailable: bool = False,
+        connection_lost: bool = False,
+        refused: bool = False,
     ):
         super().__init__(message)
-        self.retryable = retryable or unavailable or connection_lost
+        self.refused = refused and not (unavailable or connection_lost)
+        self.retryable = (retryable or unavailable or connection_lost) and not self.refused
         self.unavailable = unavailable
         self.connection_lost = connection_lost
 
@@ -55,6 +65,8 @@ class GenerationResult:
     prompt_tokens: int | None = None
     # Backends with native tool support: the calls the answer made.
     tool_calls: list[ToolCall] | None = None
+    # Prompt tokens the backend's prefix cache served, where it tells (the bundled CPU backend).
+    cached_tokens: int | None = None
 
 
 @dataclass(frozen=True)

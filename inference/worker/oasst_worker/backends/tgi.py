@@ -1,4 +1,5 @@
-"""Hugging Face text-generation-inference through its own client (``text_generation.AsyncClient``).
+"""Hugging Face text-generation-inference through its own client's request, response and error models
+(``text_generation``; the stream is read as its ``AsyncClient`` reads it, in :mod:`.tgi_stream`).
 
 Works with TGI and with the bundled CPU backend, which speaks the same HTTP API.
 """
@@ -9,17 +10,19 @@ import asyncio
 
 import aiohttp
 import httpx
+from aiohttp import ClientTimeout
 from pydantic import BaseModel, ConfigDict, ValidationError
-from text_generation import AsyncClient
 from text_generation import errors as tgi_errors
 from text_generation.types import Grammar, GrammarType
 from text_generation.types import Token as TgiToken
 
 from oasst_shared.logprobs import TokenLogprob, TopLogprob, token_bytes
+from oasst_shared.protocol import ANSWER_START_HEADER
 from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.deadlines import StepDeadline
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.backends.tgi_stream import cached_tokens, stream_events
 
 # The backend has no room or is not up yet: not the message's fault.
 _UNAVAILABLE = (tgi_errors.OverloadedError, tgi_errors.ShardNotReadyError, tgi_errors.RateLimitExceededError)
@@ -107,7 +110,7 @@ class TgiBackend(GenerationBackend):
     def __init__(self, base_url: str, *, token_timeout: float, generation_timeout: float):
         self._base_url = base_url.rstrip("/")
         # The client's timeout bounds a whole generation; the stall timeout between tokens is ours.
-        self._client = AsyncClient(self._base_url, timeout=int(max(1, generation_timeout)))
+        self._generation_timeout = ClientTimeout(int(max(1, generation_timeout)))
         self._token_timeout = token_timeout
         self._http = httpx.AsyncClient(base_url=self._base_url, timeout=httpx.Timeout(10.0))
 
@@ -142,8 +145,22 @@ class TgiBackend(GenerationBackend):
             ids.append(token_id)
         return ids
 
+    async def detokenize(self, token_ids: list[int]) -> str | None:
+        """``/detokenize``'s text: TGI has none (None), the bundled CPU backend has (vLLM's shape)."""
+        try:
+            response = await self._http.post("/detokenize", json={"tokens": token_ids})
+        except httpx.HTTPError:
+            return None
+        if response.status_code != 200:
+            return None
+        try:
+            text = response.json().get("prompt")
+        except (ValueError, AttributeError):
+            return None
+        return text if isinstance(text, str) else None
+
     async def _tokenize(self, text: str) -> list[object] | None:
-        """``/tokenize``'s tokens (``{"id", "text", "start", "stop"}`` each); TGI has no detokenize."""
+        """``/tokenize``'s tokens (``{"id", "text", "start", "stop"}`` each)."""
         try:
             response = await self._http.post("/tokenize", json={"inputs": text})
         except httpx.HTTPError:
@@ -156,16 +173,35 @@ class TgiBackend(GenerationBackend):
             return None
         return tokens if isinstance(tokens, list) else None
 
-    async def generate_stream(
+    def generate_stream(
         self, prompt: str, params: SamplingParameters, max_new_tokens: int
     ) -> GenerationStream:
+        return self._stream(None, prompt, params, max_new_tokens)
+
+    def continue_stream(
+        self, prompt: str, answer_prefix: str, params: SamplingParameters, max_new_tokens: int
+    ) -> GenerationStream:
+        """The two as one prompt, with the header that tells the bundled CPU backend where the answer's
+        start begins (it then continues a greedy answer exactly; TGI ignores it)."""
+        headers = {ANSWER_START_HEADER: str(len(prompt))}
+        return self._stream(headers, prompt + answer_prefix, params, max_new_tokens)
+
+    async def _stream(
+        self, headers: dict[str, str] | None, prompt: str, params: SamplingParameters, max_new_tokens: int
+    ) -> GenerationStream:
         generated = 0
-        stream = self._client.generate_stream(prompt, **tgi_parameters(params, max_new_tokens))
+        stream = stream_events(
+            self._base_url,
+            prompt,
+            headers=headers,
+            timeout=self._generation_timeout,
+            **tgi_parameters(params, max_new_tokens),
+        )
         try:
             deadline = StepDeadline(stall=self._token_timeout)
             while True:
                 try:
-                    response = await deadline.step(stream.__anext__())
+                    response, payload = await deadline.step(stream.__anext__())
                 except StopAsyncIteration:
                     break
                 token = response.token
@@ -183,17 +219,24 @@ class TgiBackend(GenerationBackend):
                         text=response.generated_text or "",
                         finish_reason=_FINISH_REASONS.get(reason, "length"),
                         generated_tokens=response.details.generated_tokens or generated,
+                        cached_tokens=cached_tokens(payload),
                     )
                     return
         except tgi_errors.ValidationError as exc:
-            raise BackendError(f"the backend refused the request: {exc}", retryable=False) from None
+            raise BackendError(
+                f"the backend refused the request: {exc}", retryable=False, refused=True
+            ) from None
         except _UNAVAILABLE as exc:
             raise BackendError(
                 f"backend unavailable: {exc}", retryable=True, unavailable=generated == 0
             ) from None
         except _RETRYABLE as exc:
             raise BackendError(f"backend error: {exc}", retryable=True) from None
-        except (tgi_errors.GenerationError, tgi_errors.BadRequestError, tgi_errors.NotFoundError) as exc:
+        except tgi_errors.BadRequestError as exc:
+            raise BackendError(
+                f"the backend refused the request: {exc}", retryable=False, refused=True
+            ) from None
+        except (tgi_errors.GenerationError, tgi_errors.NotFoundError) as exc:
             raise BackendError(f"backend error: {exc}", retryable=False) from None
         except asyncio.TimeoutError:
             raise BackendError(

@@ -1,1 +1,2 @@
-"""The websocket link to the server: handshake, frame writing, backend health, the serve loop; imports jobs and below."""
+"""The websocket link to the server: handshake, frame writing, backend health, model switches (their protocol
+half), the serve loop; imports jobs and below."""

@@ -111,6 +111,19 @@ class BackendHealth:
             return
         self.capacity = parse_capacity(response.text)
 
+    def use(self, backend: BackendBase) -> None:
+        """Check this backend from now on (the adapter of a model switched to)."""
+        self._backend = backend
+
+    async def check(self) -> bool:
+        """One health check now (after a switch, rather than at the next poll)."""
+        try:
+            healthy = await self._backend.healthy()
+        except Exception:
+            healthy = False
+        self._set(healthy)
+        return healthy
+
     def mark_unavailable(self) -> None:
         """The backend refused a job: unhealthy until the next health check says otherwise."""
         logger.warning("backend refused work: taking no work until its health check passes")

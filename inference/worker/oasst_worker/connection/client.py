@@ -2,7 +2,9 @@
 
 One :class:`WorkerClient` serves one backend through a :class:`JobFactory`. It runs up to
 ``max_parallel_requests`` jobs at once, answers pings with its free capacity (zero while the backend is
-unhealthy), and on SIGTERM stops taking work, finishes what it has, then exits.
+unhealthy, while it switches models and while it holds none), and on SIGTERM stops taking work, finishes
+what it has, then exits. With a :class:`Switching` it announces the models it can switch to and switches
+when the server asks (protocol 6, see :mod:`oasst_worker.connection.switching`).
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ from oasst_shared.protocol import (
     Detokenized,
     Drain,
     EmbedWork,
+    LoadModel,
+    ModelSwitch,
     Ping,
     Pong,
     ProtocolError,
     Tokenize,
     Tokenized,
+    UnloadModel,
     UpgradeRequired,
     Work,
     WorkerError,
@@ -37,6 +42,7 @@ from oasst_worker.connection.backend_health import BackendHealth
 from oasst_worker.connection.errors import FatalWorkerError
 from oasst_worker.connection.frame_sender import FrameSender, OutgoingFrame
 from oasst_worker.connection.handshake import open_connection, raise_if_refused, work_url, worker_info
+from oasst_worker.connection.switching import SWITCH_IN_PROGRESS, Switching
 from oasst_worker.jobs.base import JobFactory, WrongKindOfWork
 from oasst_worker.jobs.pool import JobPool
 from oasst_worker.settings import WorkerSettings
@@ -46,10 +52,20 @@ WORK_FRAME_TYPES = ("work", "embed")
 
 
 class WorkerClient:
-    def __init__(self, settings: WorkerSettings, jobs: JobFactory, *, name: str | None = None):
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        jobs: JobFactory,
+        *,
+        name: str | None = None,
+        switching: Switching | None = None,
+    ):
         self._settings = settings
         self._factory = jobs
         self.name = name  # which backend this connection serves, where a worker has several
+        # Switching the model on the server's request; None: this connection serves its model only.
+        self.switching = switching
+        self._switch_task: asyncio.Task[None] | None = None
         self._health = BackendHealth(
             jobs.backend, interval=settings.backend_health_interval, backend_url=settings.backend_url
         )
@@ -71,9 +87,18 @@ class WorkerClient:
 
     @property
     def free_slots(self) -> int:
-        if self._draining or not self._health.healthy:
+        if self._draining or not self._health.healthy or not self.serving:
             return 0
         return max(0, self._settings.max_parallel_requests - len(self._jobs))
+
+    @property
+    def serving(self) -> bool:
+        """Whether a model is loaded and no switch runs (otherwise the connection takes no work)."""
+        return self.switching is None or (self.switching.loaded and not self.switching.busy)
+
+    @property
+    def loaded(self) -> bool:
+        return self.switching is None or self.switching.loaded
 
     async def backend_lost(self, reason: str) -> None:
         """The backend process died (a managed backend): take no work until it is healthy again, and hand
@@ -121,6 +146,8 @@ class WorkerClient:
                 delay = min(delay * 2, self._settings.reconnect_max_delay)
         finally:
             health.cancel()
+            if self._switch_task is not None:
+                self._switch_task.cancel()
             await self._jobs.cancel_all()
 
     async def drain(self) -> None:
@@ -141,22 +168,25 @@ class WorkerClient:
 
     # ------------------------------------------------------------ one connection
     async def _serve_once(self) -> None:
+        if self._switch_task is not None:  # a switch the lost connection asked for ends first
+            await asyncio.wait({self._switch_task})
         ws = await open_connection(self._settings)
         self._ws = ws
         self._sender = FrameSender(ws)
         sender_task = asyncio.create_task(self._sender.run(), name="frame-sender")
         try:
-            await self._factory.prepare()
-            await self._send(
-                worker_info(
-                    self._settings,
-                    self._factory.model_config,
-                    self._factory.backend_info,
-                    self._factory.tokenizer,
-                )
-            )
+            if self.loaded:
+                await self._factory.prepare()
+            if self.switching is not None:
+                await self.switching.probe()
+            await self.announce()
+            servable = [s.config.name for s in self.switching.servable()] if self.switching else []
             logger.info(
-                "connected to {} serving {}", work_url(self._settings), self._factory.model_config.name
+                "connected to {} serving {}{}; can switch to: {}",
+                work_url(self._settings),
+                self._factory.model_config.name,
+                "" if self.loaded else " (not loaded)",
+                ", ".join(servable) or "nothing",
             )
             async for raw in ws:
                 await self._handle(raw)
@@ -184,7 +214,8 @@ class WorkerClient:
                 Pong(
                     ping_id=frame.ping_id,
                     free_slots=self.free_slots,
-                    backend_healthy=self._health.healthy,
+                    # Without a model (unloaded on request) the backend's health check fails: nothing is wrong.
+                    backend_healthy=self._health.healthy or not self.loaded,
                     backend_queue_length=capacity.queue_length,
                     kv_cache_free_tokens=capacity.kv_cache_free_tokens,
                 )
@@ -195,6 +226,8 @@ class WorkerClient:
             self._jobs.cancel(frame.message_id)
         elif isinstance(frame, (Tokenize, Detokenize)):
             self._tokenize(frame)
+        elif isinstance(frame, (LoadModel, UnloadModel)):
+            self._switch(frame)
         elif isinstance(frame, UpgradeRequired):
             raise FatalWorkerError(frame.detail)
 
@@ -218,7 +251,11 @@ class WorkerClient:
             return  # already running it: a duplicate frame, not a second job
         if self.free_slots <= 0:
             reason = "worker is draining" if self._draining else "no free slot"
-            if not self._health.healthy:
+            if self.switching is not None and self.switching.busy:
+                reason = "the worker is switching models"
+            elif not self.loaded:
+                reason = "the worker has no model loaded"
+            elif not self._health.healthy:
                 reason = "the backend is unavailable"
             # The server's view of our capacity lagged: not the message's fault, no attempt spent.
             self._refuse(work.message_id, reason, retryable=True, unavailable=True)
@@ -229,6 +266,52 @@ class WorkerClient:
             self._refuse(work.message_id, str(exc), retryable=False)
             return
         self._jobs.start(job, self._send_from_job)
+
+    def _switch(self, frame: LoadModel | UnloadModel) -> None:
+        """Start the switch the server asked for, or refuse it at once: one ``failed`` step, then a
+        ``worker_info`` saying what is served (unchanged), so the server ends the switch it began. A
+        refusal because another switch runs has no ``worker_info``: that switch's own follows it."""
+        switching, sender = self.switching, self._sender
+        refusal = switching.refusal(frame) if switching is not None else "this worker cannot switch models"
+        if switching is None or refusal is not None or sender is None:
+            name = frame.model_config_name if isinstance(frame, LoadModel) else self.factory.model_config.name
+            logger.warning("refusing {} {}: {}", frame.type, name, refusal)
+            failed = ModelSwitch(
+                request_id=frame.request_id, model_config_name=name, step="failed", error=refusal
+            )
+            if refusal == SWITCH_IN_PROGRESS:
+                self._send_in_background(failed)
+            else:
+                self._send_in_background(failed, then_announce=True)
+            return
+        self._switch_task = switching.start(frame, sender, self)
+
+    # ------------------------------------------------------------ what a switch asks of its connection
+    async def finish_jobs(self) -> None:
+        await self._jobs.wait()
+
+    async def serve_with(self, jobs: JobFactory, settings: WorkerSettings) -> None:
+        """Serve a switched-to model: its jobs (prepared) and settings; the backend's health is checked
+        again at once, so that the worker_info that follows finds the connection ready."""
+        previous, self._factory, self._settings = self._factory, jobs, settings
+        self._health.use(jobs.backend)
+        await self._health.check()
+        if previous.backend is not jobs.backend:
+            await previous.backend.close()
+
+    async def announce(self) -> None:
+        """Send what this connection serves now (the first frame, and after a switch)."""
+        switching = self.switching
+        await self._send(
+            worker_info(
+                self._settings,
+                self._factory.model_config,
+                self._factory.backend_info,
+                self._factory.tokenizer,
+                servable=switching.servable() if switching is not None else None,
+                loaded=self.loaded,
+            )
+        )
 
     def _tokenize(self, frame: Tokenize | Detokenize) -> None:
         """Answer in the background: frames are read in order, and a count is a backend round trip."""
@@ -255,12 +338,18 @@ class WorkerClient:
         frame = WorkerError(
             message_id=message_id, error=error, retryable=retryable, backend_unavailable=unavailable
         )
+        self._send_in_background(frame)  # the server releases the work anyway if it is lost
 
+    def _send_in_background(self, frame: OutgoingFrame, *, then_announce: bool = False) -> None:
         async def send() -> None:
-            with contextlib.suppress(ConnectionClosed):  # the server releases the work anyway
+            with contextlib.suppress(ConnectionClosed):
                 await self._send(frame)
+                if then_announce:
+                    await self.announce()
 
-        asyncio.create_task(send())
+        task = asyncio.create_task(send())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     async def _send_from_job(self, frame: OutgoingFrame) -> None:
         down = isinstance(frame, WorkerError) and (frame.backend_unavailable or frame.backend_died)

@@ -53,6 +53,11 @@ class FrameSender:
         self._room.set()
         self._closed = False
 
+    @property
+    def closed(self) -> bool:
+        """The connection is gone: every send raises ``ConnectionClosed``."""
+        return self._closed
+
     async def send(self, frame: OutgoingFrame) -> None:
         """Queue ``frame``; a token returns at once, any other frame once written."""
         while len(self._queue) >= self._max_pending and not self._closed:

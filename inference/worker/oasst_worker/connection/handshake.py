@@ -14,10 +14,14 @@ from oasst_shared.protocol import (
     CLOSE_KEY_FORBIDS,
     CLOSE_UNSUPPORTED_PROTOCOL,
     MAX_FRAME_BYTES,
+    MAX_SERVABLE_MODELS,
     PROTOCOL_VERSION,
     PROTOCOL_VERSION_HEADER,
     Hardware,
+    ServableModel,
     WorkerInfo,
+    dump_frame,
+    fits_in_frame,
 )
 from oasst_worker.backends.factory import backend_capabilities
 from oasst_worker.backends.records import BackendInfo
@@ -59,16 +63,21 @@ def worker_info(
     model_config: ModelConfig,
     backend: BackendInfo | None = None,
     tokenizer: PromptTokenizer | None = None,
+    *,
+    servable: list[ServableModel] | None = None,
+    loaded: bool = True,
 ) -> WorkerInfo:
-    """The first frame on every connection: what this worker serves and how much at once, what its
-    backend said about its model and build, and whether it counts prompts for the server (``tokenizer``,
-    unless the settings say not to)."""
+    """The first frame on every connection (and the last of a model switch): what this worker serves and
+    how much at once, what its backend said about its model and build, whether it counts prompts for the
+    server (``tokenizer``, unless the settings say not to), and (protocol 6) what it can switch to and
+    whether its backend holds the model. Servable configs that would not fit in one frame are left out,
+    the served one last."""
     backend = backend or BackendInfo()
     capabilities = backend_capabilities(settings)
     if tokenizer is not None and settings.answer_tokenize:
         capabilities.tokenize = True
         capabilities.prompt_overhead_bytes = tokenizer.prompt_overhead()
-    return WorkerInfo(
+    info = WorkerInfo(
         model_config=model_config,
         max_parallel_requests=settings.max_parallel_requests,
         backend_kind=settings.backend_kind,
@@ -78,7 +87,17 @@ def worker_info(
         backend_model_id=_bounded(backend.model_id),
         backend_model_revision=_bounded(backend.model_revision),
         backend_version=_bounded(backend.backend_version),
+        servable=_servable_first(servable or [], model_config.name)[:MAX_SERVABLE_MODELS],
+        loaded=loaded,
     )
+    while info.servable and not fits_in_frame(dump_frame(info)):
+        info.servable = info.servable[:-1]
+    return info
+
+
+def _servable_first(servable: list[ServableModel], name: str) -> list[ServableModel]:
+    """The served config first: it is the last to be left out when the list is cut."""
+    return sorted(servable, key=lambda s: s.config.name != name)
 
 
 def _bounded(value: str | None) -> str | None:

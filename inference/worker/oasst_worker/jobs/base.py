@@ -83,6 +83,7 @@ def backend_failure(message_id: str, exc: BackendError, *, died: bool = False) -
         retryable=exc.retryable,
         backend_unavailable=exc.unavailable and not died,
         backend_died=died,
+        request_refused=exc.refused and not died,
     )
 
 

@@ -9,6 +9,11 @@ Tools on a backend that takes rendered prompts: the prompt lists the tools (see 
 
 Logprobs (``params.logprobs``): each token frame carries the entries of the backend tokens whose text
 it releases; text held back (stop sequences) keeps its entries until it is released.
+
+Continuation (``work.answer_prefix``, the text a lost worker streamed): the prefix goes after the rendered
+prompt, with no end-of-turn, and counts against the input limit (older turns may be dropped for it) and
+the token budget; the job streams and returns only what follows, with the prefix's token count
+(``prefix_tokens``), and the server joins the two.
 """
 
 from __future__ import annotations
@@ -97,6 +102,8 @@ class GenerationJob:
         self._first_token_at: float | None = None
         self._logprobs: list[TokenLogprob] = []  # of tokens whose text is not sent yet
         self._tool_calls: list[ToolCall] | None = None
+        self._prefix_tokens: int | None = None  # a continuation's prefix, counted
+        self._cached_tokens: int | None = None  # prompt tokens the backend's cache served
 
     async def run(self, send: Send) -> None:
         logger.info("message {}: generating (attempt {})", self.work.message_id, self.work.attempt)
@@ -127,6 +134,7 @@ class GenerationJob:
                 # A cancel may be for a backend that stopped answering: its count is not waited for long.
                 prompt_tokens=await self._prompt_tokens(wait=_CANCELLED_COUNT_WAIT),
                 tool_calls=self._tool_calls,
+                prefix_tokens=self._prefix_tokens,
             )
         except BackendError as exc:
             try:
@@ -156,20 +164,28 @@ class GenerationJob:
             await send(error)
             return "invalid_text"
         except ChatTemplateError as exc:
-            await send(WorkerError(message_id=message_id, error=str(exc), retryable=False))
+            # A prompt the model cannot take: the request's fault, as a backend's 4xx would be.
+            await send(WorkerError(message_id=message_id, error=str(exc), request_refused=True))
             return "prompt_error"
         await send(result)
         return "cancelled" if result.finish_reason == "cancelled" else "complete"
 
     async def _generate(self, send: Send) -> GeneratedText:
         work = self.work
-        prompt = await self._prompts.build(work)
+        prefix = work.answer_prefix or ""
+        if prefix and self._backend.takes_messages:
+            raise ChatTemplateError("this worker's backend cannot continue an answer")
+        prefix_tokens = self._prefix_tokens = await self._prompts.count_tokens(prefix) if prefix else None
+        prompt = await self._prompts.build(work, reserve=prefix_tokens or 0)
         params = work.sampling_parameters
-        max_new_tokens = self._config.cap_max_new_tokens(params.max_new_tokens, prompt.tokens)
-        if not prompt.exact and max_new_tokens < params.max_new_tokens:
+        budget = params.max_new_tokens - (prefix_tokens or 0)
+        if budget <= 0:  # the lost worker had used the whole budget
+            return await self._result("length")
+        max_new_tokens = self._config.cap_max_new_tokens(budget, prompt.tokens + (prefix_tokens or 0))
+        if not prompt.exact and max_new_tokens < budget:
             # The bound would cut the answer short: the exact count decides how short.
             prompt = await self._prompts.counted(prompt)
-            max_new_tokens = self._config.cap_max_new_tokens(params.max_new_tokens, prompt.tokens)
+            max_new_tokens = self._config.cap_max_new_tokens(budget, prompt.tokens + (prefix_tokens or 0))
         prompt_count = self._prompt_count = PromptCount(
             prompt.text, prompt.tokens if prompt.exact else None, self._prompts.count_tokens
         )
@@ -183,7 +199,8 @@ class GenerationJob:
             and bool(tools)
             and (work.tool_choice == "required" or isinstance(work.tool_choice, NamedToolChoice))
         )
-        detect = rendered and bool(tools) and not forced
+        # A continued answer was text when its first part was streamed.
+        detect = rendered and bool(tools) and not forced and not prefix
         if prompt.messages is not None:
             backend_stream = self._backend.generate_chat_stream(
                 prompt.messages, params, max_new_tokens, tools=work.tools, tool_choice=work.tool_choice
@@ -191,7 +208,11 @@ class GenerationJob:
         else:
             if forced:
                 params = _constrained(params, tool_call_schema(tools))
-            backend_stream = self._backend.generate_stream(prompt.text, params, max_new_tokens)
+            backend_stream = (
+                self._backend.continue_stream(prompt.text, prefix, params, max_new_tokens)
+                if prefix
+                else self._backend.generate_stream(prompt.text, params, max_new_tokens)
+            )
         held: list[str] | None = [] if forced or detect else None
         # aclosing: leaving the loop early closes the backend's HTTP stream at once, not at GC time.
         async with aclosing(backend_stream) as stream:
@@ -208,8 +229,9 @@ class GenerationJob:
                     finish_reason = item.finish_reason
                     self._generated = max(self._generated, item.generated_tokens)
                     if item.prompt_tokens is not None:
-                        prompt_count.reported(item.prompt_tokens)
+                        prompt_count.reported(max(0, item.prompt_tokens - (prefix_tokens or 0)))
                     self._tool_calls = item.tool_calls
+                    self._cached_tokens = item.cached_tokens
                     break
                 self._generated += 1
                 if self._first_token_at is None:
@@ -237,13 +259,22 @@ class GenerationJob:
                 self._logprobs.clear()  # a call's tokens have no place in the content's logprobs
             else:
                 await self._emit(send, text)
+        return await self._result(finish_reason)
+
+    async def _result(self, finish_reason: FinishReason) -> GeneratedText:
+        prompt_tokens = await self._prompt_tokens()  # counted now, if it must be: the stream has ended
+        cached = self._cached_tokens
+        if cached is not None and prompt_tokens is not None:
+            cached = min(cached, prompt_tokens)  # a continuation's cache may cover its prefix too
         return GeneratedText(
-            message_id=work.message_id,
+            message_id=self.work.message_id,
             text="".join(self._text),
             finish_reason=finish_reason,
             generated_tokens=self._generated,
-            prompt_tokens=await self._prompt_tokens(),  # counted now, if it must be: the stream has ended
+            prompt_tokens=prompt_tokens,
             tool_calls=self._tool_calls,
+            prefix_tokens=self._prefix_tokens,
+            cached_tokens=cached,
         )
 
     async def _prompt_tokens(self, wait: float | None = None) -> int | None:

@@ -15,6 +15,7 @@ from loguru import logger
 
 from oasst_shared.model_configs import ModelConfig
 from oasst_worker.connection.client import WorkerClient
+from oasst_worker.connection.switching import Switching
 from oasst_worker.jobs.base import JobFactory
 from oasst_worker.managed.launch import launch_for
 from oasst_worker.managed.model_manager import BackendTarget
@@ -26,7 +27,14 @@ JobFactoryMaker = Callable[[WorkerSettings, ModelConfig], JobFactory]
 
 
 class ManagedFleet:
-    def __init__(self, settings: WorkerSettings, config: ModelConfig, job_factory: JobFactoryMaker) -> None:
+    def __init__(
+        self,
+        settings: WorkerSettings,
+        config: ModelConfig,
+        job_factory: JobFactoryMaker,
+        *,
+        switching: Callable[[BackendTarget], Switching | None] | None = None,
+    ) -> None:
         groups = gpu_groups(settings.gpu_ids, config.gpus_per_replica)
         ports = _ports(settings.managed_backend_port, len(groups))
         self.backends: list[ManagedBackend] = []
@@ -45,6 +53,8 @@ class ManagedFleet:
                 max_delay=settings.managed_restart_max_delay,
                 stop_timeout=settings.managed_stop_timeout,
             )
+            if switching is not None:  # each connection switches its own backend
+                client.switching = switching(BackendTarget(client_settings.backend_url, backend))
             self.backends.append(backend)
             self.clients.append(client)
         logger.info(

@@ -78,6 +78,8 @@ class ManagedBackend:
         self._process: asyncio.subprocess.Process | None = None
         self._stopping = False
         self._replacing = False  # the process is being stopped to start another launch: not a crash
+        self._parked = False  # stopped on purpose (a model unloaded): started again by replace()
+        self._resume = asyncio.Event()
         self._started = asyncio.Event()
         self.starts = 0  # how many times it was started (restarts + 1)
 
@@ -92,6 +94,10 @@ class ManagedBackend:
         """Start the backend and restart it whenever it dies, until :meth:`stop`."""
         delay = self._min_delay
         while not self._stopping:
+            if self._parked:
+                await self._resume.wait()
+                delay = self._min_delay
+                continue
             started = time.monotonic()
             try:
                 process = await self._start()
@@ -102,6 +108,8 @@ class ManagedBackend:
                 code = await process.wait()
                 if self._stopping:
                     break
+                if self._parked:
+                    continue
                 if self._replacing:
                     self._replacing = False
                     delay = self._min_delay
@@ -122,12 +130,23 @@ class ManagedBackend:
             delay = min(delay * 2, self._max_delay)
 
     async def replace(self, launch: Launch) -> None:
-        """Stop the running backend and start ``launch`` in its place (a model switch)."""
+        """Stop the running backend and start ``launch`` in its place (a model switch), or start it if
+        the backend was parked."""
         self.launch = launch
         self._started.clear()
-        self._replacing = self.pid is not None  # a dead one is started with the new launch anyway
-        await self._terminate()
+        if self._parked:
+            self._parked = False
+            self._resume.set()
+        else:
+            self._replacing = self.pid is not None  # a dead one is started with the new launch anyway
+            await self._terminate()
         await self._started.wait()
+
+    async def park(self) -> None:
+        """Stop the backend and start nothing until :meth:`replace` (its model unloaded)."""
+        self._parked = True
+        self._resume.clear()
+        await self._terminate()
 
     async def stop(self) -> None:
         """SIGTERM, then SIGKILL after ``stop_timeout``; the backend is not restarted."""

@@ -64,7 +64,18 @@ def test_a_client_timing_out_on_generate_stops_the_generation(backend: RunningBa
     )
 
 
-async def test_a_request_abandoned_in_the_queue_never_runs(backend: RunningBackend) -> None:
+@pytest.fixture(scope="module")
+def single_slot_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningBackend]:
+    """One sequence at a time: a second request waits in the queue."""
+    running = start_backend(tmp_path_factory.mktemp("single-slot"), OASST_CPU_BACKEND_PARALLEL_SEQUENCES="1")
+    try:
+        yield running
+    finally:
+        stop_backend(running)
+
+
+async def test_a_request_abandoned_in_the_queue_never_runs(single_slot_backend: RunningBackend) -> None:
+    backend = single_slot_backend
     cancelled_before = backend.metric(CANCELLED)
     first = AsyncClient(backend.url, timeout=TIMEOUT).generate_stream(COUNTING_PROMPT, max_new_tokens=LONG)
     await first.__anext__()  # the first request holds the model
@@ -92,6 +103,7 @@ def limited_backend(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runnin
     running = start_backend(
         log_dir,
         OASST_CPU_BACKEND_MAX_CONCURRENT_REQUESTS="2",
+        OASST_CPU_BACKEND_PARALLEL_SEQUENCES="1",
         OASST_CPU_BACKEND_QUEUE_TIMEOUT="1",
         OASST_CPU_BACKEND_REQUEST_TIMEOUT="4",
     )

@@ -1,4 +1,4 @@
-"""/health, /info, /tokenize and /metrics."""
+"""/health, /info, /tokenize, /detokenize and /metrics."""
 
 from __future__ import annotations
 
@@ -55,6 +55,17 @@ def test_tokenize_gives_ids_texts_and_offsets(backend: RunningBackend) -> None:
     assert tokens[0]["start"] == 0 and tokens[-1]["stop"] == len(text)
     for left, right in zip(tokens, tokens[1:], strict=False):
         assert right["start"] <= left["stop"] <= right["stop"]
+
+
+def test_detokenize_gives_the_text_back(backend: RunningBackend) -> None:
+    text = "Héllo wörld<|im_end|> 🙂!"
+    tokens = httpx.post(f"{backend.url}/tokenize", json={"inputs": text}, timeout=TIMEOUT).json()
+    ids = [t["id"] for t in tokens]
+    answer = httpx.post(f"{backend.url}/detokenize", json={"tokens": ids}, timeout=TIMEOUT)
+    assert answer.status_code == 200 and answer.json()["prompt"].endswith(text)  # special tokens written out
+    for bad in ([-1], [10_000_000], list(range(70_000)), "nope"):
+        refused = httpx.post(f"{backend.url}/detokenize", json={"tokens": bad}, timeout=TIMEOUT)
+        assert refused.status_code == 422 and refused.json()["error_type"] == "validation", refused.text[:200]
 
 
 def test_tokenize_counts_match_generation_limits(backend: RunningBackend) -> None:

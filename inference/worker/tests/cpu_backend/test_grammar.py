@@ -183,6 +183,7 @@ def test_a_grammar_llama_cpp_refuses_never_reaches_the_sampler() -> None:
 
 
 ENGINE_WITH_A_REFUSED_GRAMMAR = """
+from oasst_cpu_backend.batch import generate_alone
 from oasst_cpu_backend.engine import ModelEngine
 from oasst_cpu_backend.records import EngineRequest, Sampling
 from oasst_cpu_backend.settings import default_model_path
@@ -191,7 +192,7 @@ from oasst_cpu_backend.validation import InvalidRequest
 engine = ModelEngine(default_model_path(), n_ctx=256, n_threads=1)
 job = EngineRequest(engine.tokenize("Hello"), 4, Sampling(grammar='root ::= "\\\\d"'))
 try:
-    engine.generate(job, lambda: False)
+    generate_alone(engine, job)
 except InvalidRequest as error:
     print("refused:", error)
 else:

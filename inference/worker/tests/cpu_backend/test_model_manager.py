@@ -41,14 +41,24 @@ async def test_switching_a_cpu_backend(tmp_path: Path) -> None:
         manager = ModelManager(
             settings, registry, SMOLLM2_135M, [BackendTarget(backend.url)], poll_interval=0.05
         )
+        # The operator's backend is switchable once its /info says it is the bundled CPU backend; a tgi
+        # config is never servable there (nobody can restart the operator's TGI).
+        assert manager.servable() == []
+        await manager.probe()
         assert [c.name for c in manager.servable()] == sorted(
-            [SMOLLM2_135M.name, SMOLLM2_135M_Q8.name, "smol-cut", "on-tgi"]
+            [SMOLLM2_135M.name, SMOLLM2_135M_Q8.name, "smol-cut"]
         )
+        [served] = [s for s in manager.servable_models() if s.config.name == SMOLLM2_135M.name]
+        assert served.memory_bytes == default_model_path().stat().st_size and served.load_seconds is None
 
         seen: list[SwitchProgress] = []
         switched = await manager.switch(SMOLLM2_135M_Q8.name, seen.append)
         assert switched == SMOLLM2_135M_Q8 and manager.current == SMOLLM2_135M_Q8
+        assert seen[0] == SwitchProgress(SMOLLM2_135M_Q8.name, "unloading")
         assert seen[-1] == SwitchProgress(SMOLLM2_135M_Q8.name, "ready")
+        [q8] = [s for s in manager.servable_models() if s.config.name == SMOLLM2_135M_Q8.name]
+        assert q8.memory_bytes and q8.memory_bytes > served.memory_bytes  # 8 bits a weight against 4.5
+        assert q8.load_seconds is not None and q8.load_seconds > 0
         info = httpx.get(f"{backend.url}/info", timeout=30).json()
         assert (info["model_config_name"], info["quantization"]) == (SMOLLM2_135M_Q8.name, "q8_0")
 
@@ -59,10 +69,20 @@ async def test_switching_a_cpu_backend(tmp_path: Path) -> None:
         assert httpx.get(f"{backend.url}/health", timeout=30).json()["model"] == SMOLLM2_135M_Q8.name
 
         # The CPU backend at the URL is the operator's, not a TGI server: a tgi config is not switched to.
-        with pytest.raises(SwitchError, match="cannot be switched by the worker"):
+        with pytest.raises(KeyError, match="cannot serve 'on-tgi'"):
             await manager.switch("on-tgi")
         with pytest.raises(KeyError, match="unknown model config"):
             await manager.switch("nope")
+
+        await manager.unload()
+        assert not manager.loaded and manager.current == SMOLLM2_135M_Q8
+        assert httpx.get(f"{backend.url}/health", timeout=30).json()["status"] == "unloaded"
+        # Nothing to fall back to after an unload: a failed load leaves nothing loaded.
+        with pytest.raises(SwitchError) as failed:
+            await manager.switch("smol-cut")
+        assert failed.value.serving is None and not manager.loaded
+        await manager.switch(SMOLLM2_135M.name)
+        assert manager.loaded and manager.current == SMOLLM2_135M
         await asyncio.sleep(0)
     finally:
         stop_backend(backend)

@@ -1,5 +1,5 @@
 """The admin API, behind ``settings.admin_root_token``: workers and their keys, live worker
-sessions, and users. Disabled (403) when no root token is configured."""
+sessions, the fleet's models and moves, and users. Disabled (403) when no root token is configured."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from oasst_inference_server.api.deps import (
     BrokerDep,
     LifecycleDep,
+    ModelSwitcherDep,
+    RebalancerDep,
+    RegistryDep,
     SessionDep,
     SessionFactoryDep,
     SettingsDep,
@@ -36,11 +39,19 @@ from oasst_inference_server.broker import WorkerSession
 from oasst_inference_server.chats.accounts import delete_account
 from oasst_inference_server.chats.chat_store import count_user_chats
 from oasst_inference_server.db.models import DbWorker
-from oasst_inference_server.dispatch.compliance_store import list_checks
-from oasst_inference_server.dispatch.events import worker_command_channel
-from oasst_inference_server.dispatch.queue_status import queue_status
-from oasst_inference_server.dispatch.worker_connection import DISCONNECT_COMMAND
 from oasst_inference_server.domain_errors import InvalidValue, NotAuthenticated, NotPermitted
+from oasst_inference_server.events import worker_command_channel
+from oasst_inference_server.fleet.views import (
+    FleetCommandAccepted,
+    FleetMove,
+    FleetUnload,
+    FleetView,
+    fleet_view,
+)
+from oasst_inference_server.scheduling.queue_status import queue_status
+from oasst_inference_server.scheduling.rebalancer import RebalancerStatus
+from oasst_inference_server.workers.compliance_store import list_checks
+from oasst_inference_server.workers.worker_connection import DISCONNECT_COMMAND
 from oasst_shared.schemas import (
     AdminUserRead,
     ComplianceCheckRead,
@@ -229,6 +240,54 @@ async def list_worker_sessions(session: SessionDep, broker: BrokerDep) -> list[W
             )
         )
     return out
+
+
+_MOVE: Responses = {
+    404: error("No such worker session (`unknown_worker_session`)"),
+    409: error(
+        "The worker cannot make the switch now: `model_not_servable`, `worker_cannot_switch`, "
+        "`worker_switching`, `already_loaded`, `already_unloaded`, `worker_draining`, `worker_gone`"
+    ),
+    503: error("The replica holding the worker's socket did not answer (`switch_unanswered`)"),
+}
+
+
+@router.get("/fleet", response_model=FleetView)
+async def fleet(session: SessionDep, broker: BrokerDep, registry: RegistryDep) -> FleetView:
+    """Every connected worker on every replica with what it serves, whether its backend holds a model, what
+    it can load, the switch it is making (with its last progress) and how its last one ended; and per
+    model, the workers that have it, can load it or are loading it, and its queue."""
+    sessions = (await registry.sessions.snapshot(fresh=True)).sessions
+    workers = await session_workers(session, list(sessions))
+    names = await worker_names(session, {w for w in workers.values() if w is not None})
+    owners = {sid: (wid, names.get(wid)) for sid, wid in workers.items() if wid is not None}
+    return await fleet_view(broker, sessions, owners)
+
+
+@router.post("/fleet/moves", response_model=FleetCommandAccepted, status_code=202, responses=_MOVE)
+async def move_worker(body: FleetMove, switcher: ModelSwitcherDep) -> FleetCommandAccepted:
+    """Tell a worker (on any replica) to load a model it lists as servable: it drains (its answers
+    finish), unloads, loads and serves the new model, or its previous one if the load fails. Answers once
+    the worker's replica sent the command; the switch's progress is in `GET /admin/fleet`."""
+    await switcher.load(body.session_id, body.model_config_name, body.reason)
+    return FleetCommandAccepted(
+        session_id=body.session_id, action="load", model_config_name=body.model_config_name
+    )
+
+
+@router.post("/fleet/unloads", response_model=FleetCommandAccepted, status_code=202, responses=_MOVE)
+async def unload_worker(body: FleetUnload, switcher: ModelSwitcherDep) -> FleetCommandAccepted:
+    """Tell a worker to unload its model (it drains first, then serves nothing until a load)."""
+    await switcher.unload(body.session_id, body.reason)
+    return FleetCommandAccepted(session_id=body.session_id, action="unload")
+
+
+@router.get("/rebalancer", response_model=RebalancerStatus)
+async def rebalancer_status(rebalancer: RebalancerDep) -> RebalancerStatus:
+    """The rebalancer as this replica knows it: its settings, whether this replica holds its lock, and
+    its last decisions with their reasons (kept on the replica that made them: ask each replica, or the
+    one holding the lock)."""
+    return rebalancer.status()
 
 
 @router.post("/users/{user_id}/revoke_tokens", response_model=RevokedTokensResponse, responses=_USER)

@@ -13,6 +13,7 @@ from oasst_inference_server.api.deps import (
     BrokerDep,
     CurrentUser,
     LifecycleDep,
+    MessageReadsDep,
     SchedulingDep,
     SessionDep,
     SettingsDep,
@@ -32,8 +33,8 @@ from oasst_inference_server.chats.chat_store import (
     to_chat_list_read,
 )
 from oasst_inference_server.db.models import new_id
-from oasst_inference_server.dispatch.message_lifecycle import to_message_read
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue
+from oasst_inference_server.events import to_message_read
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.event_reader import read_message_events
 from oasst_inference_server.streams.reader_slots import ReaderLease, acquire_reader
@@ -183,7 +184,7 @@ async def create_turn(
     scheduling: SchedulingDep,
     broker: BrokerDep,
     fanout: StreamFanoutDep,
-    lifecycle: LifecycleDep,
+    reads: MessageReadsDep,
     settings: SettingsDep,
 ) -> EventSourceResponse:
     """One call for a turn: add the user's message, queue the answer and stream it.
@@ -205,7 +206,7 @@ async def create_turn(
         prompter_message=to_message_read(prompt), assistant_message=to_message_read(answer)
     )
     await session.close()  # do not hold a database connection for the life of the stream
-    batches = read_message_events(lifecycle, fanout, settings, answer, None, request.is_disconnected)
+    batches = read_message_events(reads, fanout, settings, answer, None, request.is_disconnected)
     return _event_stream(_encoded(batches, lease, first=[{"data": created.model_dump_json()}]), settings)
 
 
@@ -245,7 +246,7 @@ async def message_events(
     session: SessionDep,
     broker: BrokerDep,
     fanout: StreamFanoutDep,
-    lifecycle: LifecycleDep,
+    reads: MessageReadsDep,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header()] = None,
 ) -> EventSourceResponse:
@@ -262,9 +263,7 @@ async def message_events(
         raise InvalidRequest("not_assistant_message", "only assistant messages have events")
     lease = await acquire_reader(broker, settings, user.id, message.id)
     await session.close()  # do not hold a database connection for the life of the stream
-    batches = read_message_events(
-        lifecycle, fanout, settings, message, last_event_id, request.is_disconnected
-    )
+    batches = read_message_events(reads, fanout, settings, message, last_event_id, request.is_disconnected)
     return _event_stream(_encoded(batches, lease), settings)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
+from pydantic import Field
 
 from oasst_inference_server.api.deps import RegistryDep
 from oasst_shared.schemas import ModelConfigInfo, PluginEntry
@@ -10,12 +11,23 @@ from oasst_shared.schemas import ModelConfigInfo, PluginEntry
 router = APIRouter(prefix="/configs", tags=["configs"])
 
 
-@router.get("/model_configs", response_model=list[ModelConfigInfo])
-async def model_configs(registry: RegistryDep) -> list[ModelConfigInfo]:
-    """The models that at least one connected worker serves right now."""
-    live = await registry.live_models()
+class FleetModelConfigInfo(ModelConfigInfo):
+    """A model config as the frontend lists it, with what the fleet has of it (fields added to the
+    original server's; its clients ignore them)."""
+
+    loaded: bool = Field(
+        True, description="A worker has it loaded; false: a request waits while one loads it"
+    )
+    loadable_worker_count: int = Field(0, description="Connected workers that can load it")
+    quantization: str = Field("none", description="The weights' type (the model config's `quantization`)")
+
+
+@router.get("/model_configs", response_model=list[FleetModelConfigInfo])
+async def model_configs(registry: RegistryDep) -> list[FleetModelConfigInfo]:
+    """The models connected workers serve right now or can load (a request for one loads it)."""
+    live = await registry.fleet_models()
     return [
-        ModelConfigInfo(
+        FleetModelConfigInfo(
             name=m.config.name,
             model_id=m.config.model_id,
             description=m.config.description,
@@ -24,6 +36,9 @@ async def model_configs(registry: RegistryDep) -> list[ModelConfigInfo]:
             kind=m.config.kind,
             parameter_configs=m.config.parameter_configs,
             worker_count=m.worker_count,
+            loaded=m.loaded,
+            loadable_worker_count=m.loadable_count,
+            quantization=m.config.quantization,
         )
         for m in sorted(live.values(), key=lambda m: m.config.name)
     ]

@@ -13,8 +13,8 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from oasst_inference_server import metrics
 from oasst_inference_server.api.deps import BrokerDep, SessionFactoryDep, SettingsDep
 from oasst_inference_server.api.responses import error
-from oasst_inference_server.dispatch.queue_status import queue_status
 from oasst_inference_server.domain_errors import NotAuthenticated
+from oasst_inference_server.scheduling.queue_status import queue_status
 
 _metrics_bearer = HTTPBearer(auto_error=False, scheme_name="MetricsToken")
 

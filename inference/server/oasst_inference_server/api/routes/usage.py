@@ -14,8 +14,10 @@ from fastapi import APIRouter, Query
 from oasst_inference_server.api.deps import ApiCaller, SessionDep
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.chats.usage_report import get_api_request, recent_api_requests, user_usage
-from oasst_inference_server.db.models import DbMessage
+from oasst_inference_server.db.models import DbMessage, MessageKind
 from oasst_inference_server.openai_api.openai_service import API_KINDS
+from oasst_inference_server.responses_api.objects import RESPONSE_KIND
+from oasst_inference_server.responses_api.service import DELETED_KIND
 from oasst_shared.schemas import (
     ApiRequestRead,
     ListApiRequestsResponse,
@@ -24,6 +26,8 @@ from oasst_shared.schemas import (
 )
 
 router = APIRouter(prefix="/usage", tags=["usage"])
+# The requests listed: the OpenAI-compatible API's, and the Responses API's stored responses.
+LISTED_KINDS = (*API_KINDS, RESPONSE_KIND, DELETED_KIND)
 
 
 @router.get("", response_model=UsageRead, responses=AUTH)
@@ -35,7 +39,7 @@ async def usage(caller: ApiCaller, session: SessionDep) -> UsageRead:
 def _request_read(m: DbMessage) -> ApiRequestRead:
     return ApiRequestRead(
         id=m.id,
-        kind=m.kind,
+        kind=MessageKind(m.kind).value,
         api_key_id=m.api_key_id,
         model_config_name=m.model_config_name,
         state=MessageState(m.state),
@@ -57,7 +61,7 @@ async def list_requests(
     api_key_id: str | None = None,
 ) -> ListApiRequestsResponse:
     """The user's most recent requests of the OpenAI-compatible API, newest first."""
-    rows = await recent_api_requests(session, caller.user.id, API_KINDS, limit, api_key_id)
+    rows = await recent_api_requests(session, caller.user.id, LISTED_KINDS, limit, api_key_id)
     return ListApiRequestsResponse(requests=[_request_read(m) for m in rows])
 
 
@@ -67,7 +71,9 @@ async def list_requests(
     responses={**AUTH, 404: error("No such request for this user")},
 )
 async def get_request(request_id: str, caller: ApiCaller, session: SessionDep) -> ApiRequestRead:
-    """One API request by its id (the ``X-Request-Id`` header, or a completion id without its prefix)."""
-    request_id = request_id.removeprefix("chatcmpl-").removeprefix("cmpl-")
-    message = await get_api_request(session, caller.user.id, API_KINDS, request_id)
+    """One API request by its id (the ``X-Request-Id`` header, or a completion, response or message id)."""
+    request_id = (
+        request_id.removeprefix("chatcmpl-").removeprefix("cmpl-").removeprefix("resp_").removeprefix("msg_")
+    )
+    message = await get_api_request(session, caller.user.id, LISTED_KINDS, request_id)
     return _request_read(message)

@@ -10,6 +10,7 @@ import { ACTIVE_STATES } from "./tree.js";
 
 const FAILED_TEXT = {
   failed: "The answer failed",
+  refused: "The model refused this request as invalid",
   timeout: "The answer took too long and was stopped",
   aborted_by_worker: "The worker gave up on this answer",
 };

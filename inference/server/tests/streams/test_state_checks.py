@@ -1,0 +1,77 @@
+"""Batched state reads of silent streams (``streams.state_checks``), on the real database: the questions
+of one moment share one statement, each asker gets its own message's state (None for none), an asker
+that leaves does not disturb the others, and a failed read fails every asker as its own read would."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from sqlalchemy.ext.asyncio import create_async_engine
+
+from oasst_inference_server.db.engine import make_session_factory
+from oasst_inference_server.streams.state_checks import StateChecks
+from oasst_shared.schemas import MessageState
+from tests.support.api import API, finish_message, start_chat
+from tests.support.sql_statements import recorded_statements
+
+pytestmark = API
+
+
+async def test_one_statement_answers_every_question_of_a_moment(app, client, user, live_model) -> None:
+    pending = await start_chat(client, user, "wait", live_model)
+    done = await start_chat(client, user, "done", live_model)
+    assert pending.assistant_id and done.assistant_id
+    await finish_message(app, done.assistant_id)
+    checks = StateChecks(app.state.session_factory)
+    asked = [
+        pending.assistant_id,
+        done.assistant_id,
+        pending.assistant_id,
+        done.prompter_id,
+        "no-such-message",
+    ]
+    with recorded_statements(app) as statements:
+        states = await asyncio.gather(*(checks.state(message_id) for message_id in asked))
+    assert states == [
+        MessageState.pending,
+        MessageState.complete,
+        MessageState.pending,
+        MessageState.manual,
+        None,
+    ]
+    assert len([text for text in statements if text.upper().startswith("SELECT")]) == 1, statements
+
+
+async def test_an_asker_that_leaves_does_not_disturb_the_others(app, client, user, live_model) -> None:
+    chat = await start_chat(client, user, "wait", live_model)
+    assert chat.assistant_id
+    checks = StateChecks(app.state.session_factory, window=0.1)
+    leaving = asyncio.create_task(checks.state(chat.assistant_id))
+    staying = asyncio.create_task(checks.state(chat.assistant_id))
+    await asyncio.sleep(0.02)
+    leaving.cancel()
+    assert await staying == MessageState.pending
+    assert leaving.cancelled()
+
+
+async def test_a_failed_read_fails_every_asker() -> None:
+    nowhere = create_async_engine("postgresql+asyncpg://postgres@127.0.0.1:1/nowhere")
+    try:
+        checks = StateChecks(make_session_factory(nowhere))
+        results = await asyncio.gather(checks.state("a"), checks.state("b"), return_exceptions=True)
+        assert all(isinstance(result, OSError) for result in results), results
+        # The next moment asks again (nothing is stuck on the failed batch).
+        with pytest.raises(OSError):
+            await checks.state("a")
+    finally:
+        await nowhere.dispose()
+
+
+async def test_closing_cancels_the_open_questions(app) -> None:
+    checks = StateChecks(app.state.session_factory, window=10.0)
+    question = asyncio.create_task(checks.state("a"))
+    await asyncio.sleep(0.01)
+    await checks.close()
+    with pytest.raises(asyncio.CancelledError):
+        await question
