@@ -9,6 +9,8 @@ capture it; what was done goes to standard error. Keys are shown once and stored
     create-api-key --user NAME [--name]   an API key of user NAME, created if missing (provider
                                           ``local``): for the text-client and the OpenAI API
     migrate                               bring the database to the newest migration and exit
+    export [--output FILE] [--gzip] ...   the chats that allow data use as Open-Assistant message
+                                          trees, one per line (docs/operating-export.md)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from oasst_inference_server.auth.api_key_store import create_api_key
 from oasst_inference_server.auth.worker_keys import new_worker_key
+from oasst_inference_server.chats.export import command as export_command
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
 from oasst_inference_server.db.models import DbUser, DbWorker
@@ -48,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     api_key.add_argument("--user", required=True, help="user name (letters, digits, _ . @ -; up to 64)")
     api_key.add_argument("--name", default="cli", help="the key's name in the user's key list")
     commands.add_parser("migrate", help="bring the database to the newest migration")
+    export_command.add_parser(commands)
     return parser
 
 
@@ -90,6 +94,9 @@ async def _run(args: argparse.Namespace, settings: Settings) -> str | None:
             return await _create_worker_key(engine, args.name)
         if args.command == "create-api-key":
             return await _create_api_key(engine, args.user, args.name)
+        if args.command == export_command.COMMAND:
+            await export_command.run(engine, args)
+            return None
         print("the database is at the newest migration", file=sys.stderr)
         return None
     finally:
@@ -99,6 +106,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> str | None:
 def main(argv: Sequence[str] | None = None, settings: Settings | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == export_command.COMMAND and (problem := export_command.usage_error(args)):
+        parser.error(problem)
     for value, flag in ((getattr(args, "name", None), "--name"), (getattr(args, "user", None), "--user")):
         if value is not None and not re.fullmatch(_NAME, value):
             parser.error(f"{flag}: 1-64 letters, digits or _ . @ - (got {value!r})")

@@ -147,6 +147,7 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("POST", "/admin/fleet/moves"): (Access.ADMIN, False),
     ("POST", "/admin/fleet/unloads"): (Access.ADMIN, False),
     ("GET", "/admin/rebalancer"): (Access.ADMIN, False),
+    ("GET", "/admin/export"): (Access.ADMIN, False),
     ("PUT", "/admin/users/{user_id}/tier"): (Access.ADMIN, False),
     ("GET", "/admin/users/{user_id}"): (Access.ADMIN, False),
     ("POST", "/admin/users/{user_id}/revoke_tokens"): (Access.ADMIN, False),
