@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 
 from oasst_inference_server.chats.export import ExportSelection, export_lines
+from oasst_inference_server.chats.export.anonymizing import Anonymizer
 from oasst_inference_server.settings import Settings
 from tests.support.api import ADMIN, API, User, answer, assert_error, finish_message, follow_up, start_chat
 from tests.support.oasst_export import NODE_FIELDS, TREE_FIELDS, Node, Tree, check_tree, read_lines
@@ -168,6 +169,45 @@ async def test_a_big_export_is_read_a_batch_at_a_time_as_it_streams(client, app,
     assert (await of_user(client, user)).keys() == chats
 
 
+async def test_an_anonymized_export_hashes_every_id_and_keeps_the_tree(client, app, login, live_model):
+    user = await login()
+    chat = await start_chat(client, user, "Anonymous?", model=live_model)
+    assert chat.assistant_id is not None
+    other = await answer(client, user, chat.chat_id, chat.prompter_id, live_model)
+    for message_id in (chat.assistant_id, other):
+        await finish_message(app, message_id)
+    body = {"inferior_message_ids": [other]}
+    evaluated = await client.post(
+        f"/chats/{chat.chat_id}/messages/{chat.assistant_id}/message_evals", json=body, headers=user.headers
+    )
+    assert evaluated.status_code == 204
+    report = {"report_type": "spam", "reason": ""}
+    url = f"/chats/{chat.chat_id}/messages/{other}/reports"
+    assert (await client.post(url, json=report, headers=user.headers)).status_code == 204
+
+    async def exported(seed: str) -> str:
+        lines = export_lines(
+            app.state.session_factory, ExportSelection(user_id=user.id), anonymizer=Anonymizer(seed)
+        )
+        return "".join([line async for line in lines])
+
+    text = await exported("a seed of sixteen chars")
+    for raw_id in (user.id, chat.chat_id, chat.prompter_id, chat.assistant_id, other):
+        assert raw_id not in text
+    (tree,) = read_lines(text)
+    nodes = check_tree(tree)  # replies still nest under their (hashed) parents
+    assert len(nodes) == 3 and len({n.user_id for n in nodes.values()}) == 1
+    assert tree.prompt is not None
+    (ranking,) = (tree.prompt.events or {})["ranking"]
+    assert ranking.ranked_message_ids == [r.message_id for r in tree.prompt.replies or []]
+    assert ranking.ranking_parent_id == tree.prompt.message_id and ranking.user_id == tree.prompt.user_id
+    assert ranking.message_tree_id == tree.message_tree_id
+    reported = nodes[ranking.ranked_message_ids[1]]
+    assert [e.user_id for e in (reported.events or {})["report"]] == [tree.prompt.user_id]
+    assert await exported("a seed of sixteen chars") == text  # the same seed, the same hashes
+    assert read_lines(await exported("another seed, as long"))[0].message_tree_id != tree.message_tree_id
+
+
 def admin_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[bytes]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("OASST_")}
     return subprocess.run(
@@ -199,5 +239,10 @@ async def test_the_admin_cli_writes_the_export_to_a_file_or_standard_output(
     assert [t.message_tree_id for t in read_lines(printed.stdout.decode())] == [chat.chat_id]
     zipped = admin_cli(settings, "export", "--user-id", user.id, "--gzip")
     assert [t.message_tree_id for t in read_lines(gzip.decompress(zipped.stdout).decode())] == [chat.chat_id]
+    hashed = admin_cli(settings, "export", "--user-id", user.id, "--anonymizer-seed", "0123456789abcdef")
+    assert hashed.returncode == 0 and chat.chat_id.encode() not in hashed.stdout
+    assert len(read_lines(hashed.stdout.decode())) == 1
+    short = admin_cli(settings, "export", "--anonymizer-seed", "short")
+    assert short.returncode == 2 and b"at least 16 characters" in short.stderr
     window = admin_cli(settings, "export", "--since", "2025-01-02", "--until", "2025-01-01")
     assert window.returncode == 2 and b"since must be before until" in window.stderr

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from oasst_inference_server.chats.export.anonymizing import MIN_SEED_LENGTH, Anonymizer
 from oasst_inference_server.chats.export.files import write_lines
 from oasst_inference_server.chats.export.lines import DEFAULT_BATCH_CHATS, export_lines
 from oasst_inference_server.chats.export.selection import ExportSelection
@@ -32,6 +33,13 @@ def _batch(text: str) -> int:
     return value
 
 
+def _seed(text: str) -> Anonymizer:
+    try:
+        return Anonymizer(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         COMMAND,
@@ -45,6 +53,11 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--user-id", help="only this user's chats")
     parser.add_argument(
         "--include-deleted", action="store_true", help="also the chats deleted accounts kept (marked deleted)"
+    )
+    parser.add_argument(
+        "--anonymizer-seed",
+        type=_seed,
+        help=f"replace message, user and tree ids with hashes keyed by this secret ({MIN_SEED_LENGTH}+ characters)",
     )
     parser.add_argument("--batch-size", type=_batch, default=DEFAULT_BATCH_CHATS, help="chats read per query")
 
@@ -69,6 +82,6 @@ async def run(engine: AsyncEngine, args: argparse.Namespace) -> None:
     selection = selection_of(args)
     output: Path | None = args.output
     compress = args.gzip or (output is not None and output.suffix == ".gz")
-    lines = export_lines(make_session_factory(engine), selection, args.batch_size)
+    lines = export_lines(make_session_factory(engine), selection, args.batch_size, args.anonymizer_seed)
     count = await write_lines(lines, output, compress=compress)
     print(f"exported {count} message trees to {output or 'standard output'}", file=sys.stderr)

@@ -8,6 +8,7 @@ from loguru import logger
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server.chats.export.anonymizing import Anonymizer
 from oasst_inference_server.chats.export.reading import read_chat_batches
 from oasst_inference_server.chats.export.selection import ExportSelection
 from oasst_inference_server.chats.export.trees import build_tree
@@ -20,13 +21,17 @@ async def export_lines(
     sessions: async_sessionmaker[AsyncSession],
     selection: ExportSelection,
     batch_size: int = DEFAULT_BATCH_CHATS,
+    anonymizer: Anonymizer | None = None,
 ) -> AsyncIterator[str]:
-    """Each selected chat's tree as a line of JSON ending in a newline (chats without a prompt have none)."""
+    """Each selected chat's tree as a line of JSON ending in a newline (chats without a prompt have none),
+    its ids hashed if an ``anonymizer`` is given."""
     trees = 0
     async for batch in read_chat_batches(sessions, selection, batch_size):
         for records in batch:
             tree = build_tree(records)
             if tree is not None:
+                if anonymizer is not None:
+                    tree = anonymizer.tree(tree)
                 trees += 1
                 yield tree.to_line() + "\n"
     logger.info("export finished: {} message trees", trees)
