@@ -56,16 +56,19 @@ LastEventId = Annotated[str | None, Header()]
 
 
 @router.get("/models", response_model=ModelList, responses={401: _ERRORS[401]})
-async def list_models(caller: ApiCaller, serving: ModelServingDep) -> ModelList:
-    """The models at least one connected worker serves now, with their context length."""
-    return await serving.list()
+async def list_models(caller: ApiCaller, session: SessionDep, serving: ModelServingDep) -> ModelList:
+    """The models at least one connected worker serves now (and the caller may use), with their context
+    length."""
+    return await serving.list(session, caller)
 
 
 @router.get(
     "/models/{model:path}", response_model=ModelCard, responses={401: _ERRORS[401], 404: _ERRORS[404]}
 )
-async def retrieve_model(model: str, caller: ApiCaller, serving: ModelServingDep) -> ModelCard:
-    return await serving.retrieve(model)
+async def retrieve_model(
+    model: str, caller: ApiCaller, session: SessionDep, serving: ModelServingDep
+) -> ModelCard:
+    return await serving.retrieve(model, session, caller)
 
 
 @router.post("/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, 200: _STREAM})
