@@ -38,9 +38,13 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid or unsupported parameters"},
     401: {"model": ErrorResponse, "description": "Missing, invalid or revoked API key"},
+    403: {"model": ErrorResponse, "description": "The key may not use the model (its allow-list)"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
     413: {"model": ErrorResponse, "description": "The work would be over the worker frame limit"},
-    429: {"model": ErrorResponse, "description": "Rate limit or concurrency limit (see Retry-After)"},
+    429: {
+        "model": ErrorResponse,
+        "description": "Rate, concurrency, tokens-per-minute limit or budget (see Retry-After and the code)",
+    },
     500: {"model": ErrorResponse, "description": "The generation failed"},
     503: {"model": ErrorResponse, "description": "No worker serves the model right now"},
 }
