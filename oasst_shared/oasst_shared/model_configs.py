@@ -195,6 +195,19 @@ class ModelConfig(BaseModel):
         le=30 * 24 * 3600,
         description="Seconds an idle model stays loaded before it may be unloaded; null: it stays loaded.",
     )
+    price_per_million_prompt_tokens: float | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="US dollars per million prompt tokens, what money budgets (`budget_usd` of a key's or "
+        "user's limits) charge; null: prompts of this model cost nothing. Read from the server's configs.",
+    )
+    price_per_million_completion_tokens: float | None = Field(
+        None,
+        ge=0,
+        le=1_000_000,
+        description="US dollars per million generated tokens, as `price_per_million_prompt_tokens`.",
+    )
     chat_template_source: ChatTemplateSource = Field(
         "backend",
         description="Where the chat template comes from: the backend (GGUF metadata, `/info`), `chat_template` below, or the built-in ChatML.",

@@ -11,6 +11,8 @@ capture it; what was done goes to standard error. Keys are shown once and stored
     migrate                               bring the database to the newest migration and exit
     export [--output FILE] [--gzip] ...   the chats that allow data use as Open-Assistant message
                                           trees, one per line (docs/operating-export.md)
+    keys, set-key-limits, set-user-limits, usage
+                                          usage limits of API keys and users (``admin_limits_cli``)
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from oasst_inference_server import admin_limits_cli
 from oasst_inference_server.auth.api_key_store import create_api_key
 from oasst_inference_server.auth.worker_keys import new_worker_key
 from oasst_inference_server.chats.export import command as export_command
@@ -52,6 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
     api_key.add_argument("--name", default="cli", help="the key's name in the user's key list")
     commands.add_parser("migrate", help="bring the database to the newest migration")
     export_command.add_parser(commands)
+    admin_limits_cli.add_commands(commands)
     return parser
 
 
@@ -97,6 +101,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> str | None:
         if args.command == export_command.COMMAND:
             await export_command.run(engine, args)
             return None
+        if args.command in admin_limits_cli.COMMANDS:
+            return await admin_limits_cli.run(args, engine, settings)
         print("the database is at the newest migration", file=sys.stderr)
         return None
     finally:

@@ -20,6 +20,7 @@ from oasst_inference_server.api.routes import (
     account,
     admin,
     admin_export,
+    admin_limits,
     anthropic,
     api_keys,
     auth,
@@ -51,6 +52,9 @@ from oasst_inference_server.openai_api.serving_embeddings import EmbeddingServin
 from oasst_inference_server.openai_api.serving_models import ModelServing
 from oasst_inference_server.openai_api.serving_scoring import ScoringServing
 from oasst_inference_server.openai_api.serving_tokenize import TokenizeServing
+from oasst_inference_server.quotas.charging import UsageCharger
+from oasst_inference_server.quotas.gate import QuotaGate
+from oasst_inference_server.quotas.prices import Prices
 from oasst_inference_server.responses_api.service import ResponsesService
 from oasst_inference_server.responses_api.serving import ResponsesServing
 from oasst_inference_server.scheduling.dispatcher import Dispatchers
@@ -72,7 +76,7 @@ from oasst_shared.model_registry import load_registry
 def _build_serving(app: FastAPI, prompt_sizes: PromptSizes) -> None:
     """One serving object per API endpoint, on the services the lifespan built (``api.deps`` reaches them)."""
     openai_service = app.state.openai_service
-    app.state.model_serving = ModelServing(openai_service)
+    app.state.model_serving = ModelServing(openai_service, app.state.quota_gate)
     app.state.chat_serving = ChatCompletionServing(openai_service)
     app.state.completion_serving = CompletionServing(openai_service)
     app.state.embedding_serving = EmbeddingServing(openai_service)
@@ -147,8 +151,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             remote=remote_questions,
         )
         prompt_fit = PromptFit(prompt_sizes)
+        # Keys' and users' usage limits: checked at admission, charged when generations end.
+        prices = Prices(model_registry)
+        app.state.quota_gate = quotas = QuotaGate(broker, prices)
+        app.state.lifecycle.usage_charger = UsageCharger(broker, prices, session_factory)
         app.state.submission = SubmissionService(
-            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit, loads
+            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit, loads, quotas
         )
         app.state.openai_service = OpenAIService(
             settings,
@@ -241,6 +249,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         workers,
         admin,
         admin_export,
+        admin_limits,
         api_keys,
         usage,
         openai,

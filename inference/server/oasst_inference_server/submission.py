@@ -15,8 +15,8 @@ work the same way, through one :class:`SubmissionService` built at startup:
    is safely pending in the database, and the recovery loop queues it. A queued message of a model that
    no worker serves has a worker told to load it (``fleet.on_demand``).
 
-May import admission, chats, streams, dispatch, auth, fleet, db, broker, metrics, settings, errors; not api
-or openai_api.
+May import admission, chats, streams, dispatch, auth, fleet, quotas, db, broker, metrics, settings, errors;
+not api or openai_api.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, new_id, 
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue, ServiceUnavailable
 from oasst_inference_server.fleet.on_demand import OnDemandLoads
+from oasst_inference_server.quotas.gate import QuotaGate
 from oasst_inference_server.scheduling import fair_share
 from oasst_inference_server.scheduling.handoff import HandedOver, Handoff
 from oasst_inference_server.scheduling.worker_registry import LiveModel, WorkerRegistry
@@ -71,8 +72,11 @@ class SubmissionService:
         handoff: Handoff | None = None,
         prompt_fit: PromptFit | None = None,
         loads: OnDemandLoads | None = None,
+        quotas: QuotaGate | None = None,
     ) -> None:
         self._settings = settings
+        # The limits of API keys and users an admin set (requests, tokens, budgets, allowed models).
+        self.quotas = quotas
         self._loads = loads  # a request for a model nobody has loaded has a worker load it
         self._lifecycle = lifecycle
         self._registry = registry
@@ -91,11 +95,13 @@ class SubmissionService:
         count: int = 1,
         chat_id: str | None = None,
         chat_size: ChatSize | None = None,
+        api_key_id: str | None = None,
     ) -> ChatSize | None:
         """May the user start ``count`` generations now (``RateLimited``; ``InvalidRequest`` if ``count``
         alone is over a limit), has the chat room for one more message (``Conflict``), has the model's
-        queue room (``ServiceUnavailable``)? Counted in the database (the chat's ``chat_size`` only if
-        the caller does not know it). Returns the chat's size, which the new message's ticket needs
+        queue room (``ServiceUnavailable``), do the key's and the user's usage limits let it in
+        (``NotPermitted`` for a model they may not use, ``RateLimited``; counted in the broker, last)?
+        Counted in the database (the chat's ``chat_size`` only if the caller does not know it). Returns the chat's size, which the new message's ticket needs
         (None without a chat). Call it holding the user's turn (:meth:`submit_requests` and the chat
         methods do), in the transaction that inserts the generations."""
         await check_generation_limits(session, self._settings, user_id, count)
@@ -105,6 +111,8 @@ class SubmissionService:
         elif chat_id is not None:
             size = await check_chat_capacity(session, self._settings, chat_id)
         await check_queue_capacity(session, self._settings, model_name)
+        if self.quotas is not None:
+            await self.quotas.admit(session, user_id, api_key_id, model_name, count)
         return size
 
     async def submit_requests(
@@ -120,7 +128,9 @@ class SubmissionService:
         request of the user is admitted between them. Then queue them (or hand them over)."""
         model_name = messages[0].model_config_name or ""
         async with self.turns.turn(user.id, session):
-            await self.admit(session, user.id, model_name, count=len(messages))
+            await self.admit(
+                session, user.id, model_name, count=len(messages), api_key_id=messages[0].api_key_id
+            )
             return await self.submit(session, messages, user, requested, max_input_tokens=max_input_tokens)
 
     async def submit(

@@ -39,6 +39,7 @@ from oasst_inference_server.openai_api.serving_embeddings import EmbeddingServin
 from oasst_inference_server.openai_api.serving_models import ModelServing
 from oasst_inference_server.openai_api.serving_scoring import ScoringServing
 from oasst_inference_server.openai_api.serving_tokenize import TokenizeServing
+from oasst_inference_server.quotas.gate import QuotaGate
 from oasst_inference_server.responses_api.serving import ResponsesServing
 from oasst_inference_server.scheduling.dispatcher import Dispatchers
 from oasst_inference_server.scheduling.rebalancer import Rebalancer
@@ -92,6 +93,7 @@ AnthropicServingDep = Annotated[AnthropicServing, Depends(_from_app_state("anthr
 UserCacheDep = Annotated[UserCache, Depends(_from_app_state("user_cache"))]
 ModelSwitcherDep = Annotated[ModelSwitcher, Depends(_from_app_state("model_switcher"))]
 RebalancerDep = Annotated[Rebalancer, Depends(_from_app_state("rebalancer"))]
+QuotaGateDep = Annotated[QuotaGate, Depends(_from_app_state("quota_gate"))]
 # For work that outlives a request's session (a websocket's whole life, a report over many queries).
 SessionFactoryDep = Annotated[async_sessionmaker[AsyncSession], Depends(_from_app_state("session_factory"))]
 SessionDep = Annotated[AsyncSession, Depends(get_db)]

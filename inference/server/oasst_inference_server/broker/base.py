@@ -20,7 +20,9 @@ The broker holds only what can be rebuilt from the database (rule 1 of docs/arch
 * **commands** (e.g. cancel) published to the replica holding a worker's socket;
 * **locks** with a TTL, so periodic jobs run on one replica at a time;
 * **slots**: at most N holders of a name at once, each with a TTL (event-stream readers per user and
-  per message, counted across replicas; a replica that dies leaves its slots to expire).
+  per message, counted across replicas; a replica that dies leaves its slots to expire);
+* **counters**: sliding-window and per-period totals that usage limits check and charge atomically
+  (:mod:`.counters`).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
 
+from oasst_inference_server.broker.counters import CounterAdd, CounterCheck, CounterRefusal
 from oasst_inference_server.broker.fair import QueueSnapshot, dispatch_order
 
 
@@ -255,3 +258,25 @@ class Broker(abc.ABC):
     @abc.abstractmethod
     async def release_slots(self, names: Sequence[str], holder: str) -> None:
         """As :meth:`release_slot` for each of ``names``, at once."""
+
+    # ------------------------------------------------------------ counters
+    @abc.abstractmethod
+    async def check_counters(self, checks: Sequence[CounterCheck]) -> CounterRefusal | None:
+        """If every check has room, add each one's ``need`` and return None; else change nothing and
+        return the first without room (:mod:`.counters`). One atomic step across replicas."""
+
+    @abc.abstractmethod
+    async def add_counters(
+        self, adds: Sequence[CounterAdd], *, once: str | None = None, once_ttl: int = 0
+    ) -> bool:
+        """Add each amount, unchecked; with ``once``, only if nothing was added under that name in the
+        last ``once_ttl`` seconds (False then, with nothing added)."""
+
+    @abc.abstractmethod
+    async def read_counters(self, reads: Sequence[tuple[str, int]]) -> list[int]:
+        """What each ``(name, window)`` counter holds now (0 for a missing one)."""
+
+    @abc.abstractmethod
+    async def seed_counter(self, name: str, value: int, ttl: int) -> bool:
+        """Set the plain counter ``name`` to ``value`` unless it exists (rebuilt from the database after
+        the broker lost it); False if it existed."""

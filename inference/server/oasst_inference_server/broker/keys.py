@@ -80,6 +80,10 @@ class RedisKeys:
         # A sorted set: holder -> expiry (ms of Redis' clock).
         return f"{self.prefix}slots:{name}"
 
+    def counter(self, name: str) -> str:
+        """A usage counter (:mod:`.counters`)."""
+        return f"{self.prefix}counter:{name}"
+
     def channel(self, name: str) -> str:
         return f"{self.prefix}command:{name}"
 

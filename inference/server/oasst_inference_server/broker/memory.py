@@ -22,6 +22,7 @@ from oasst_inference_server.broker.base import (
     StreamsReader,
     WorkerSessionRecord,
 )
+from oasst_inference_server.broker.counters import CounterAdd, CounterCheck, CounterRefusal, MemoryCounters
 from oasst_inference_server.broker.fair import FairQueue, QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import StreamId, parse_stream_id
 
@@ -99,6 +100,7 @@ class InMemoryBroker(Broker):
         self._subscriptions: dict[str, set[_Subscription]] = {}
         self._locks: dict[str, tuple[str, float]] = {}
         self._slots: dict[str, dict[str, float]] = {}  # name -> holder -> monotonic expiry
+        self._counters = MemoryCounters()
 
     # ------------------------------------------------------------ lifecycle
     async def close(self) -> None:
@@ -402,6 +404,21 @@ class InMemoryBroker(Broker):
                 holders.pop(holder, None)
                 if not holders:
                     del self._slots[name]
+
+    # ------------------------------------------------------------ counters
+    async def check_counters(self, checks: Sequence[CounterCheck]) -> CounterRefusal | None:
+        return self._counters.check(checks)
+
+    async def add_counters(
+        self, adds: Sequence[CounterAdd], *, once: str | None = None, once_ttl: int = 0
+    ) -> bool:
+        return self._counters.add(adds, once, once_ttl)
+
+    async def read_counters(self, reads: Sequence[tuple[str, int]]) -> list[int]:
+        return self._counters.read(reads)
+
+    async def seed_counter(self, name: str, value: int, ttl: int) -> bool:
+        return self._counters.seed(name, value, ttl)
 
 
 def _resolve(future: asyncio.Future[QueuedHint | None], value: QueuedHint | None) -> None:

@@ -35,7 +35,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from oasst_inference_server.broker import fair_lua
+from oasst_inference_server.broker import counters_lua, fair_lua
 from oasst_inference_server.broker.base import (
     Broker,
     BrokerError,
@@ -44,6 +44,7 @@ from oasst_inference_server.broker.base import (
     StreamsReader,
     WorkerSessionRecord,
 )
+from oasst_inference_server.broker.counters import CounterAdd, CounterCheck, CounterRefusal
 from oasst_inference_server.broker.fair import QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
 from oasst_inference_server.broker.redis_replies import (
@@ -237,6 +238,9 @@ class RedisBroker(Broker):
         self._fair_charge = self._client.register_script(fair_lua.CHARGE)
         self._fair_serve_now = self._client.register_script(fair_lua.SERVE_NOW)
         self._fair_snapshot = self._client.register_script(fair_lua.SNAPSHOT)
+        self._check_counters = self._client.register_script(counters_lua.CHECK)
+        self._add_counters = self._client.register_script(counters_lua.ADD)
+        self._read_counters = self._client.register_script(counters_lua.READ)
         self._closed = False
         self._closed_future: asyncio.Future[None] | None = None
         self._blocking: set[asyncio.Task[Any]] = set()
@@ -570,6 +574,46 @@ class RedisBroker(Broker):
                 for name in names:
                     pipe.zrem(self.keys.slots(name), holder)
                 await pipe.execute()
+
+    # ------------------------------------------------------------ counters
+    async def check_counters(self, checks: Sequence[CounterCheck]) -> CounterRefusal | None:
+        if not checks:
+            return None
+        args = [v for c in checks for v in (c.limit, c.need, c.window, c.ttl, int(c.seeded))]
+        with translated("counter check"):
+            index, used, retry = await self._check_counters(
+                keys=[self.keys.counter(c.name) for c in checks], args=args
+            )
+        if not int(index):
+            return None
+        if int(retry) == -2:
+            return CounterRefusal(int(index) - 1, 0, None, missing=True)
+        return CounterRefusal(int(index) - 1, int(used), None if int(retry) < 0 else int(retry))
+
+    async def add_counters(
+        self, adds: Sequence[CounterAdd], *, once: str | None = None, once_ttl: int = 0
+    ) -> bool:
+        keys = [self.keys.counter(f"once:{once or ''}"), *(self.keys.counter(a.name) for a in adds)]
+        args = [
+            1 if once is not None else 0,
+            max(1, once_ttl),
+            *(v for a in adds for v in (a.amount, a.window, a.ttl, int(a.existing_only))),
+        ]
+        with translated("counter add"):
+            return bool(await self._add_counters(keys=keys, args=args))
+
+    async def read_counters(self, reads: Sequence[tuple[str, int]]) -> list[int]:
+        if not reads:
+            return []
+        with translated("counter read"):
+            values = await self._read_counters(
+                keys=[self.keys.counter(name) for name, _ in reads], args=[w for _, w in reads]
+            )
+        return [int(v) for v in values]
+
+    async def seed_counter(self, name: str, value: int, ttl: int) -> bool:
+        with translated("counter seed"):
+            return bool(await self._client.set(self.keys.counter(name), value, nx=True, ex=max(1, ttl)))
 
 
 class _Commands:

@@ -7,7 +7,7 @@ import uuid
 from datetime import datetime, timezone
 from typing import Any, Generic, TypeVar
 
-from sqlalchemy import JSON, Column, Dialect, Index, String, Text, TypeDecorator, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Column, Dialect, Index, String, Text, TypeDecorator, UniqueConstraint
 from sqlmodel import Field, SQLModel
 
 from oasst_shared.schemas import MessageState, Role
@@ -307,3 +307,23 @@ class DbUsageRecord(SQLModel, table=True):
     prompt_tokens: int = 0
     generated_tokens: int = 0
     recorded_at: datetime = Field(default_factory=utcnow)
+
+
+# ---------------------------------------------------------------- usage limits of keys and users
+
+
+class DbUsageLimit(SQLModel, table=True):
+    """The limits an admin set on an API key (``subject_kind`` "key") or a user ("user"):
+    ``oasst_shared.usage_limits.UsageLimits``; the counters they are checked against live in the broker."""
+
+    __tablename__ = "usage_limit"
+
+    subject_kind: str = Field(primary_key=True, max_length=8)
+    subject_id: str = Field(primary_key=True, max_length=36)
+    requests_per_minute: int | None = None
+    tokens_per_minute: int | None = None
+    budget_tokens: int | None = Field(default=None, sa_type=BigInteger)
+    budget_usd: float | None = None
+    budget_period: str | None = Field(default=None, max_length=8)
+    allowed_models: list[str] | None = Field(default=None, sa_column=Column(JSON))
+    updated_at: datetime = Field(default_factory=utcnow)

@@ -20,6 +20,7 @@ from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.db.payloads import ResultPayload
 from oasst_inference_server.dispatch import continuation
 from oasst_inference_server.dispatch.claiming import Claiming
+from oasst_inference_server.quotas.charging import UsageCharger
 from oasst_inference_server.scheduling import fair_share
 from oasst_shared.protocol import (
     Cancel,
@@ -36,6 +37,9 @@ ACTIVE_STATES = (MessageState.pending, MessageState.in_progress)
 class MessageLifecycle(Claiming):
     """The whole state machine: the claim steps (:class:`.claiming.Claiming`), and here enqueue, results,
     release (retry, continue or fail), cancel and fail."""
+
+    # Charges each finished generation's tokens to its key's and user's usage limits (set by main).
+    usage_charger: UsageCharger | None = None
 
     # ------------------------------------------------------------ enqueue
     async def enqueue(self, message: DbMessage) -> None:
@@ -135,6 +139,8 @@ class MessageLifecycle(Claiming):
             logger.warning("ignored a result for message {} from session {}", result.message_id, session_id)
             return False
         await self._charge(message)
+        if self.usage_charger is not None:
+            await self.usage_charger.charge(message)
         await self._append_terminal(message.id, events.message_event(events.to_message_read(message)))
         logger.info(
             "message {} complete: {} tokens, {}", message.id, result.generated_tokens, result.finish_reason
@@ -153,6 +159,8 @@ class MessageLifecycle(Claiming):
         )
         if message is None:
             return False
+        if self.usage_charger is not None:
+            await self.usage_charger.charge(message)
         await self._append_terminal(message.id, events.message_event(events.to_message_read(message)))
         return True
 

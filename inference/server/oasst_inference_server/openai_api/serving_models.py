@@ -1,13 +1,18 @@
 """``/v1/models``: the models connected workers serve now or can load (on-demand loading), with their
-context length, quantization and whether they are loaded."""
+context length, quantization and whether they are loaded; of those, only the ones the caller's key and
+user may use (their allow-lists, ``quotas``)."""
 
 from __future__ import annotations
 
 import time
 
+from sqlmodel.ext.asyncio.session import AsyncSession
+
+from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.domain_errors import NotFound
 from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.openai_protocol.models import ModelCard, ModelList
+from oasst_inference_server.quotas.gate import QuotaGate
 from oasst_inference_server.scheduling.worker_registry import LiveModel
 
 _STARTED = int(time.time())
@@ -28,17 +33,29 @@ def _card(model: LiveModel) -> ModelCard:
 
 
 class ModelServing:
-    def __init__(self, service: OpenAIService) -> None:
+    def __init__(self, service: OpenAIService, quotas: QuotaGate | None = None) -> None:
         self.service = service
+        self.quotas = quotas
 
-    async def list(self) -> ModelList:
-        live = await self.service.fleet_models()
+    async def _visible(
+        self, session: AsyncSession | None, caller: Caller | None, wanted: str | None = None
+    ) -> dict[str, LiveModel]:
+        live = await self.service.fleet_models(wanted=wanted)
+        if self.quotas is None or session is None or caller is None:
+            return live
+        allowed = await self.quotas.allowed_models(session, caller.user.id, caller.api_key_id)
+        return live if allowed is None else {n: m for n, m in live.items() if n in allowed}
+
+    async def list(self, session: AsyncSession | None = None, caller: Caller | None = None) -> ModelList:
+        live = await self._visible(session, caller)
         return ModelList(data=[_card(m) for _, m in sorted(live.items())])
 
-    async def retrieve(self, name: str) -> ModelCard:
+    async def retrieve(
+        self, name: str, session: AsyncSession | None = None, caller: Caller | None = None
+    ) -> ModelCard:
         """The model ``name``: NotFound (naming the available ones) unless a worker serves it now or can
-        load it."""
-        live = await self.service.fleet_models(wanted=name)
+        load it and the caller may use it."""
+        live = await self._visible(session, caller, wanted=name)
         if name not in live:
             available = ", ".join(sorted(live)) or "none"
             raise NotFound("model_not_found", f"the model {name!r} does not exist; available: {available}")

@@ -152,6 +152,11 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("GET", "/admin/users/{user_id}"): (Access.ADMIN, False),
     ("POST", "/admin/users/{user_id}/revoke_tokens"): (Access.ADMIN, False),
     ("DELETE", "/admin/users/{user_id}"): (Access.ADMIN, False),
+    ("GET", "/admin/keys"): (Access.ADMIN, False),
+    ("PUT", "/admin/keys/{key_id}/limits"): (Access.ADMIN, False),
+    ("GET", "/admin/users/{user_id}/limits"): (Access.ADMIN, False),
+    ("PUT", "/admin/users/{user_id}/limits"): (Access.ADMIN, False),
+    ("GET", "/admin/usage"): (Access.ADMIN, False),
 }
 # Routes whose owner may get a 404 for reasons of the resource, not of access (a chat answer is not
 # an API request).

@@ -38,9 +38,13 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 _ERRORS: dict[int | str, dict[str, Any]] = {
     400: {"model": ErrorResponse, "description": "Invalid or unsupported parameters"},
     401: {"model": ErrorResponse, "description": "Missing, invalid or revoked API key"},
+    403: {"model": ErrorResponse, "description": "The key may not use the model (its allow-list)"},
     404: {"model": ErrorResponse, "description": "Unknown model"},
     413: {"model": ErrorResponse, "description": "The work would be over the worker frame limit"},
-    429: {"model": ErrorResponse, "description": "Rate limit or concurrency limit (see Retry-After)"},
+    429: {
+        "model": ErrorResponse,
+        "description": "Rate, concurrency, tokens-per-minute limit or budget (see Retry-After and the code)",
+    },
     500: {"model": ErrorResponse, "description": "The generation failed"},
     503: {"model": ErrorResponse, "description": "No worker serves the model right now"},
 }
@@ -56,16 +60,19 @@ LastEventId = Annotated[str | None, Header()]
 
 
 @router.get("/models", response_model=ModelList, responses={401: _ERRORS[401]})
-async def list_models(caller: ApiCaller, serving: ModelServingDep) -> ModelList:
-    """The models at least one connected worker serves now, with their context length."""
-    return await serving.list()
+async def list_models(caller: ApiCaller, session: SessionDep, serving: ModelServingDep) -> ModelList:
+    """The models at least one connected worker serves now (and the caller may use), with their context
+    length."""
+    return await serving.list(session, caller)
 
 
 @router.get(
     "/models/{model:path}", response_model=ModelCard, responses={401: _ERRORS[401], 404: _ERRORS[404]}
 )
-async def retrieve_model(model: str, caller: ApiCaller, serving: ModelServingDep) -> ModelCard:
-    return await serving.retrieve(model)
+async def retrieve_model(
+    model: str, caller: ApiCaller, session: SessionDep, serving: ModelServingDep
+) -> ModelCard:
+    return await serving.retrieve(model, session, caller)
 
 
 @router.post("/chat/completions", response_model=ChatCompletionResponse, responses={**_ERRORS, 200: _STREAM})
