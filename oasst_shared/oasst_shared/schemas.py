@@ -410,6 +410,10 @@ class UserRead(BaseModel):
     provider_account_id: str
     display_name: str
     created_at: datetime
+    is_admin: bool = Field(
+        default=False,
+        description="The user may use the admin API with their access token (the web chat shows its admin page)",
+    )
 
 
 class UserSettings(_Request):
@@ -543,6 +547,14 @@ class ModelQueueStatus(BaseModel):
 class QueueStatus(BaseModel):
     window_seconds: float
     models: list[ModelQueueStatus]
+
+
+class UserAdminUpdate(_Request):
+    """Make a user an admin user (their access token may use the admin API) or not."""
+
+    admin: bool = Field(
+        description="True: an admin user; false: not (unless settings.admin_users lists them)"
+    )
 
 
 class UserTierUpdate(BaseModel):

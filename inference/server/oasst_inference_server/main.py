@@ -19,6 +19,7 @@ from oasst_inference_server.api.responses import document_errors
 from oasst_inference_server.api.routes import (
     account,
     admin,
+    admin_users,
     anthropic,
     api_keys,
     auth,
@@ -239,6 +240,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         configs,
         workers,
         admin,
+        admin_users,
         api_keys,
         usage,
         openai,
