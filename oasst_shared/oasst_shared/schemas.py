@@ -410,6 +410,11 @@ class UserRead(BaseModel):
     provider_account_id: str
     display_name: str
     created_at: datetime
+
+
+class AccountRead(UserRead):
+    """The signed-in user, as ``GET /account`` shows them."""
+
     is_admin: bool = Field(
         default=False,
         description="The user may use the admin API with their access token (the web chat shows its admin page)",
@@ -592,6 +597,9 @@ class RevokedTokensResponse(BaseModel):
 
 
 class AdminUserRead(UserRead):
+    is_admin: bool = Field(
+        default=False, description="An admin user (flagged, or listed in settings.admin_users)"
+    )
     deleted: bool = False
     chat_count: int = 0
     tier: str | None = None  # None: the server's default tier
