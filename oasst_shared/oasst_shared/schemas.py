@@ -412,6 +412,15 @@ class UserRead(BaseModel):
     created_at: datetime
 
 
+class AccountRead(UserRead):
+    """The signed-in user, as ``GET /account`` shows them."""
+
+    is_admin: bool = Field(
+        default=False,
+        description="The user may use the admin API with their access token (the web chat shows its admin page)",
+    )
+
+
 class UserSettings(_Request):
     """A user's choices that clients keep on the server (the web chat page: model, sampling, theme).
 
@@ -545,6 +554,14 @@ class QueueStatus(BaseModel):
     models: list[ModelQueueStatus]
 
 
+class UserAdminUpdate(_Request):
+    """Make a user an admin user (their access token may use the admin API) or not."""
+
+    admin: bool = Field(
+        description="True: an admin user; false: not (unless settings.admin_users lists them)"
+    )
+
+
 class UserTierUpdate(BaseModel):
     tier: str | None = Field(default=None, max_length=32, description="None: the server's default tier")
 
@@ -580,6 +597,9 @@ class RevokedTokensResponse(BaseModel):
 
 
 class AdminUserRead(UserRead):
+    is_admin: bool = Field(
+        default=False, description="An admin user (flagged, or listed in settings.admin_users)"
+    )
     deleted: bool = False
     chat_count: int = 0
     tier: str | None = None  # None: the server's default tier

@@ -31,6 +31,7 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
 ]
 AUTH_SECRET = "web-tests-auth-secret-0123456789abcdef"
+ADMIN_ROOT_TOKEN = "web-tests-admin-root-token-0123456789"
 RATE_LIMIT_PER_MINUTE = 12
 HOSTILE_MODEL = "hostile-scripted"
 
@@ -77,6 +78,7 @@ def web_stack(
         port=port,
         OASST_SERVER_API_ROOT=f"http://127.0.0.1:{port}",
         OASST_SERVER_AUTH_SECRET=AUTH_SECRET,
+        OASST_SERVER_ADMIN_ROOT_TOKEN=ADMIN_ROOT_TOKEN,
         OASST_SERVER_RATE_LIMIT_PER_MINUTE=str(RATE_LIMIT_PER_MINUTE),
         OASST_SERVER_PENDING_UPDATE_INTERVAL="0.3",
         OASST_SERVER_AUTH_GITHUB_CLIENT_ID=fake_oauth.CLIENT_ID,

@@ -8,6 +8,8 @@ capture it; what was done goes to standard error. Keys are shown once and stored
     create-worker-key --name NAME         a worker's API key (as POST /admin/workers)
     create-api-key --user NAME [--name]   an API key of user NAME, created if missing (provider
                                           ``local``): for the text-client and the OpenAI API
+    set-admin (--user-id ID | --identity PROVIDER:ACCOUNT_ID) [--off]
+                                          make a user an admin user, or not (admin_cli_users.py)
     migrate                               bring the database to the newest migration and exit
     export [--output FILE] [--gzip] ...   the chats that allow data use as Open-Assistant message
                                           trees, one per line (docs/operating-export.md)
@@ -28,6 +30,7 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from oasst_inference_server import admin_limits_cli
+from oasst_inference_server import admin_cli_users
 from oasst_inference_server.auth.api_key_store import create_api_key
 from oasst_inference_server.auth.worker_keys import new_worker_key
 from oasst_inference_server.chats.export import command as export_command
@@ -53,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     api_key = commands.add_parser("create-api-key", help="print a new API key of a user (created if missing)")
     api_key.add_argument("--user", required=True, help="user name (letters, digits, _ . @ -; up to 64)")
     api_key.add_argument("--name", default="cli", help="the key's name in the user's key list")
+    admin_cli_users.add_parser(commands)
     commands.add_parser("migrate", help="bring the database to the newest migration")
     export_command.add_parser(commands)
     admin_limits_cli.add_commands(commands)
@@ -103,6 +107,9 @@ async def _run(args: argparse.Namespace, settings: Settings) -> str | None:
             return None
         if args.command in admin_limits_cli.COMMANDS:
             return await admin_limits_cli.run(args, engine, settings)
+        if args.command == "set-admin":
+            await admin_cli_users.set_admin(engine, args)
+            return None
         print("the database is at the newest migration", file=sys.stderr)
         return None
     finally:

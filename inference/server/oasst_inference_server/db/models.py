@@ -70,6 +70,8 @@ class DbUser(SQLModel, table=True):
     token_generation: int = Field(default=0, sa_column_kwargs={"server_default": "0"})
     # A key of settings.user_tiers (its weight in the fair queues); None: settings.default_user_tier.
     tier: str | None = Field(default=None, max_length=32)
+    # May use the admin API with an access token (auth/admin_users.py); settings.admin_users also makes admins.
+    is_admin: bool = False
 
 
 class DbChat(SQLModel, table=True):

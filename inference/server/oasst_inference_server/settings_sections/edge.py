@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 from pydantic import BaseModel, Field
 
 from oasst_shared.limits import MAX_MESSAGE_LENGTH, MAX_REQUEST_MESSAGES
@@ -112,6 +114,12 @@ class _AdminApiSettings(BaseModel):
 
     # ``Authorization: Bearer <root token>`` on /admin/...; None disables the admin API.
     admin_root_token: str | None = None
+    admin_users: list[Annotated[str, Field(pattern=r"^[a-z]{1,32}:\S{1,128}$")]] = Field(
+        default_factory=list,
+        max_length=1000,
+        description="PROVIDER:ACCOUNT_ID sign-in identities (e.g. github:1234567) that are admin users, besides "
+        "the users flagged with PUT /admin/users/{id}/admin: their access tokens may use the admin API",
+    )
 
 
 class _ChatLimitsSettings(BaseModel):

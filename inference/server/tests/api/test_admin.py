@@ -26,6 +26,7 @@ ADMIN_ROUTES = [
     ("POST", "/admin/users/{id}/revoke_tokens", None),
     ("DELETE", "/admin/users/{id}", None),
     ("PUT", "/admin/users/{id}/tier", {"tier": "priority"}),
+    ("PUT", "/admin/users/{id}/admin", {"admin": True}),
     ("GET", "/admin/queues", None),
     ("GET", "/admin/rebalancer", None),
 ]

@@ -69,7 +69,7 @@ class Access(enum.Enum):
     USER = "a signed-in user or one of their API keys"
     SIGNED_IN = "a signed-in user (access token or trusted client), not an API key"
     API = "an API key or an access token (the OpenAI-compatible API and usage)"
-    ADMIN = "the admin root token only"
+    ADMIN = "the admin root token or an admin user's access token (none of the callers here is one)"
 
 
 # (method, path) -> who may call it, and whether the path names a resource of its owner (another
@@ -149,6 +149,7 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("GET", "/admin/rebalancer"): (Access.ADMIN, False),
     ("GET", "/admin/export"): (Access.ADMIN, False),
     ("PUT", "/admin/users/{user_id}/tier"): (Access.ADMIN, False),
+    ("PUT", "/admin/users/{user_id}/admin"): (Access.ADMIN, False),
     ("GET", "/admin/users/{user_id}"): (Access.ADMIN, False),
     ("POST", "/admin/users/{user_id}/revoke_tokens"): (Access.ADMIN, False),
     ("DELETE", "/admin/users/{user_id}"): (Access.ADMIN, False),
@@ -193,6 +194,7 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     },
     ("POST", "/chats/{chat_id}/messages/{message_id}/votes"): {"score": 1},
     ("PUT", "/admin/users/{user_id}/tier"): {"tier": "standard"},
+    ("PUT", "/admin/users/{user_id}/admin"): {"admin": False},
     ("PUT", "/admin/workers/{worker_id}/trust"): {"trusted": False},
     ("POST", "/chats/{chat_id}/messages/{message_id}/reports"): {"report_type": "spam"},
     ("POST", "/chats/{chat_id}/messages/{message_id}/message_evals"): {

@@ -178,7 +178,7 @@ async def test_the_hand_off_escapes_what_it_embeds():
 # ---------------------------------------------------------------- the page's files
 
 
-@pytest.mark.parametrize("path", ["/", "/c/3f0c7a52-5c1b-4a44-9c49-2d1f0e7a9b11"])
+@pytest.mark.parametrize("path", ["/", "/c/3f0c7a52-5c1b-4a44-9c49-2d1f0e7a9b11", "/manage"])
 async def test_the_page_is_served_with_a_content_security_policy(client, path):
     response = await client.get(path)
     assert response.status_code == 200

@@ -5,19 +5,21 @@ from __future__ import annotations
 from fastapi import APIRouter
 from fastapi.responses import Response
 
-from oasst_inference_server.api.deps import LifecycleDep, SessionDep, SignedInUser, UserCacheDep
+from oasst_inference_server.api.deps import LifecycleDep, SessionDep, SettingsDep, SignedInUser, UserCacheDep
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.api.routes.auth import user_read
+from oasst_inference_server.auth.admin_users import is_admin
 from oasst_inference_server.chats.accounts import delete_account
 from oasst_inference_server.chats.user_settings import load_user_settings, save_user_settings
-from oasst_shared.schemas import UserRead, UserSettings
+from oasst_shared.schemas import AccountRead, UserSettings
 
 router = APIRouter(prefix="/account", tags=["account"])
 
 
-@router.get("", response_model=UserRead, responses=AUTH)
-async def get_account(user: SignedInUser) -> UserRead:
-    return user_read(user)
+@router.get("", response_model=AccountRead, responses=AUTH)
+async def get_account(user: SignedInUser, settings: SettingsDep) -> AccountRead:
+    """The signed-in user; ``is_admin`` tells a client (the web chat) to offer the admin page."""
+    return AccountRead(**user_read(user).model_dump(), is_admin=is_admin(settings, user))
 
 
 @router.delete("", status_code=204, responses=AUTH)

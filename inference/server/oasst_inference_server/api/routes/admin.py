@@ -1,5 +1,6 @@
-"""The admin API, behind ``settings.admin_root_token``: workers and their keys, live worker
-sessions, the fleet's models and moves, and users. Disabled (403) when no root token is configured."""
+"""The admin API, behind ``settings.admin_root_token`` or an admin user's access token: workers and their
+keys, live worker sessions, the fleet's models and moves, and users. Without a root token only admin users
+get in (403 ``admin_disabled`` for any other token)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from oasst_inference_server.api.deps import (
     UserCacheDep,
 )
 from oasst_inference_server.api.responses import ADMIN, Responses, error
+from oasst_inference_server.auth.admin_users import admin_of_access_token, is_admin, looks_like_access_token
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
 from oasst_inference_server.auth.users import change_user_tier, find_user
 from oasst_inference_server.auth.worker_admin import (
@@ -71,15 +73,22 @@ _admin_bearer = HTTPBearer(auto_error=False, scheme_name="AdminToken")
 
 async def require_admin(
     settings: SettingsDep,
+    session: SessionDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_admin_bearer)],
 ) -> None:
+    """The root token, or the access token of an admin user (auth/admin_users.py)."""
     if credentials is None or credentials.scheme.lower() != "bearer":
         raise NotAuthenticated("not_authenticated", "admin token required", bearer=True)
+    token = credentials.credentials
     root = settings.admin_root_token
+    if root and hmac.compare_digest(token.encode(), root.encode()):
+        return
+    if looks_like_access_token(token):
+        await admin_of_access_token(settings, session, token)
+        return
     if not root:
         raise NotPermitted("admin_disabled", "the admin API is disabled on this server")
-    if not hmac.compare_digest(credentials.credentials.encode(), root.encode()):
-        raise NotPermitted("forbidden", "wrong admin token")
+    raise NotPermitted("forbidden", "wrong admin token")
 
 
 router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(require_admin)], responses=ADMIN)
@@ -313,8 +322,8 @@ async def delete_user(
 
 
 @router.get("/users/{user_id}", response_model=AdminUserRead, responses=_USER)
-async def get_user(user_id: str, session: SessionDep) -> AdminUserRead:
-    """A user (deleted ones too) and how many chats they have."""
+async def get_user(user_id: str, session: SessionDep, settings: SettingsDep) -> AdminUserRead:
+    """A user (deleted ones too), how many chats they have, and whether they are an admin user."""
     user = await find_user(session, user_id)
     chats = await count_user_chats(session, user_id)
     return AdminUserRead(
@@ -326,6 +335,7 @@ async def get_user(user_id: str, session: SessionDep) -> AdminUserRead:
         deleted=user.deleted,
         chat_count=int(chats),
         tier=user.tier,
+        is_admin=is_admin(settings, user),
     )
 
 
@@ -345,7 +355,7 @@ async def set_user_tier(
         )
     await change_user_tier(session, user, body.tier)
     users.forget(user_id)
-    return await get_user(user_id, session)
+    return await get_user(user_id, session, settings)
 
 
 @router.get("/queues", response_model=QueueStatus)

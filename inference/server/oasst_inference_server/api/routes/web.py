@@ -51,6 +51,12 @@ async def web_chat_at(chat_id: str) -> FileResponse:
     return _index()
 
 
+@router.get("/manage")
+async def web_admin() -> FileResponse:
+    """The admin page's address: the page shows it to admin users (the admin API decides who is one)."""
+    return _index()
+
+
 @router.get("/favicon.ico")
 async def favicon() -> FileResponse:
     return FileResponse(STATIC_DIR / "favicon.svg", media_type="image/svg+xml", headers=_PAGE_HEADERS)

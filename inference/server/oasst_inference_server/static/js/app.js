@@ -1,7 +1,8 @@
 // The web chat page: signs the user in, then wires the sidebar, the open chat, the model picker, the
 // settings and the composer together. A chat's address is /c/<chat id>, so a reload (or a link)
-// opens the same chat, read back from the server.
+// opens the same chat, read back from the server. Admin users also have the admin page, at /manage.
 
+import { AdminView } from "./admin.js";
 import { api, onSessionExpired } from "./api.js";
 import { ChatList } from "./chat-list.js";
 import { ChatController } from "./chat.js";
@@ -30,6 +31,12 @@ const settingsDialog = new SettingsDialog(preferences, {
     chat.systemPrompt = text;
   },
 });
+const admin = new AdminView({
+  onRefused: () => {
+    $("open-admin").hidden = true;
+  },
+});
+const ADMIN_PATH = "/manage";
 let started = false;
 let sending = false; // a prompt is on its way (the model poll may re-enable Send meanwhile)
 let modelTimer = null;
@@ -37,6 +44,10 @@ let modelTimer = null;
 function chatIdFromLocation() {
   const match = window.location.pathname.match(/^\/c\/([^/]+)$/);
   return match ? decodeURIComponent(match[1]) : null;
+}
+
+function isAdminPath() {
+  return window.location.pathname === ADMIN_PATH;
 }
 
 function showBanner(text, { info = false } = {}) {
@@ -47,6 +58,7 @@ function showBanner(text, { info = false } = {}) {
 
 /** The open chat changed (or its title): the header, the tab title, the address, the sidebar. */
 function showChat(opened) {
+  if (admin.isOpen()) return; // an answer or title arriving meanwhile shows once the chat is back
   const title = chat.title();
   $("chat-title").textContent = title;
   document.title = opened ? `${title} · ${APP_NAME}` : APP_NAME;
@@ -56,6 +68,7 @@ function showChat(opened) {
 }
 
 async function navigate(chatId) {
+  if (admin.isOpen()) admin.close();
   setSidebar(false);
   showBanner("");
   if (!chatId) {
@@ -71,6 +84,14 @@ async function navigate(chatId) {
       chat.newChat();
     } else showBanner(describeError(error));
   }
+}
+
+function openAdmin() {
+  setSidebar(false);
+  showBanner("");
+  if (!isAdminPath()) window.history.pushState({}, "", ADMIN_PATH);
+  admin.open();
+  $("admin-refresh").focus();
 }
 
 /** Fill the model picker from the live list; with no model, say so and keep checking. */
@@ -98,6 +119,7 @@ function setSidebar(open) {
   // Off screen, the closed drawer must not take focus; while it is open, the chat behind it must not.
   $("sidebar").inert = phoneWidth.matches && !open;
   $("main").inert = phoneWidth.matches && open;
+  $("admin-view").inert = phoneWidth.matches && open;
   if (open) $("new-chat").focus();
   else if (wasOpen && phoneWidth.matches) $("toggle-sidebar").focus();
 }
@@ -149,7 +171,16 @@ function bindControls() {
   $("open-settings").addEventListener("click", () => settingsDialog.open());
   $("toggle-sidebar").addEventListener("click", () => setSidebar(!$("app").classList.contains("sidebar-open")));
   $("scrim").addEventListener("click", () => setSidebar(false));
+  $("open-admin").addEventListener("click", (event) => {
+    event.preventDefault();
+    openAdmin();
+  });
+  $("admin-back").addEventListener("click", (event) => {
+    event.preventDefault();
+    navigate(chat.chat?.id || null);
+  });
   $("sign-out").addEventListener("click", async () => {
+    admin.close();
     chat.reset(null);
     await signOut();
     start();
@@ -161,11 +192,12 @@ function bindControls() {
       navigate(null);
     }
   });
-  window.addEventListener("popstate", () => navigate(chatIdFromLocation()));
+  window.addEventListener("popstate", () => (isAdminPath() ? openAdmin() : navigate(chatIdFromLocation())));
   window.addEventListener("focus", () => preferences.refreshModels().catch(() => {}));
   onSessionExpired(() => {
     if (!started) return;
     started = false;
+    admin.close();
     chat.reset(null);
     start("Your session has expired. Sign in again.");
   });
@@ -176,9 +208,12 @@ async function start(notice = "") {
   clearInterval(modelTimer);
   if (!loadTokens()) await signIn(notice);
   showScreen("loading");
+  let account;
   try {
-    const account = await api.get("/account");
+    account = await api.get("/account");
     $("account-name").textContent = account.display_name;
+    // Only a hint for the page: the admin API itself refuses everyone else.
+    $("open-admin").hidden = !account.is_admin;
     await preferences.load();
     await preferences.refreshModels();
     showModels();
@@ -194,6 +229,11 @@ async function start(notice = "") {
   started = true;
   showScreen("app");
   modelTimer = setInterval(() => preferences.refreshModels().catch(() => {}), MODEL_POLL_MS);
+  if (isAdminPath() && account.is_admin) {
+    openAdmin();
+    return;
+  }
+  if (isAdminPath()) window.history.replaceState({}, "", "/");
   await navigate(chatIdFromLocation());
 }
 
