@@ -29,8 +29,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from oasst_inference_server import admin_limits_cli
-from oasst_inference_server import admin_cli_users
+from oasst_inference_server import admin_cli_users, admin_limits_cli
 from oasst_inference_server.auth.api_key_store import create_api_key
 from oasst_inference_server.auth.worker_keys import new_worker_key
 from oasst_inference_server.chats.export import command as export_command
