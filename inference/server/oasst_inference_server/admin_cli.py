@@ -9,6 +9,7 @@ capture it; what was done goes to standard error. Keys are shown once and stored
     create-api-key --user NAME [--name]   an API key of user NAME, created if missing (provider
                                           ``local``): for the text-client and the OpenAI API
     migrate                               bring the database to the newest migration and exit
+    set-alias, delete-alias, list-aliases model aliases (``alias_cli``)
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from oasst_inference_server import alias_cli
 from oasst_inference_server.auth.api_key_store import create_api_key
 from oasst_inference_server.auth.worker_keys import new_worker_key
 from oasst_inference_server.db.engine import create_engine, make_session_factory
@@ -48,6 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     api_key.add_argument("--user", required=True, help="user name (letters, digits, _ . @ -; up to 64)")
     api_key.add_argument("--name", default="cli", help="the key's name in the user's key list")
     commands.add_parser("migrate", help="bring the database to the newest migration")
+    alias_cli.add_commands(commands)
     return parser
 
 
@@ -90,6 +93,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> str | None:
             return await _create_worker_key(engine, args.name)
         if args.command == "create-api-key":
             return await _create_api_key(engine, args.user, args.name)
+        if args.command in alias_cli.COMMANDS:
+            return await alias_cli.run(args, settings, engine)
         print("the database is at the newest migration", file=sys.stderr)
         return None
     finally:
