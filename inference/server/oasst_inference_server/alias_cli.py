@@ -22,6 +22,7 @@ from oasst_inference_server.broker import create_broker
 from oasst_inference_server.db.engine import make_session_factory
 from oasst_inference_server.domain_errors import DomainError
 from oasst_inference_server.routing.alias_admin import AliasAdmin
+from oasst_inference_server.scheduling.worker_registry import WorkerRegistry
 from oasst_inference_server.settings import Settings
 from oasst_shared.model_registry import load_registry
 from oasst_shared.model_routes import ModelRoute
@@ -53,7 +54,10 @@ async def run(args: argparse.Namespace, settings: Settings, engine: AsyncEngine)
     broker = create_broker(settings.broker_url, key_prefix=settings.redis_key_prefix)
     await broker.start()
     try:
-        admin = AliasAdmin(make_session_factory(engine), broker, load_registry(settings.model_configs_dir))
+        configs = load_registry(settings.model_configs_dir)
+        # The configs connected workers announce count too (with the in-process broker: none).
+        fleet = WorkerRegistry(broker, known=configs, on_demand=settings.on_demand_loading).fleet_configs
+        admin = AliasAdmin(make_session_factory(engine), broker, configs, fleet=fleet)
         try:
             if args.command == "set-alias":
                 read = await admin.set(args.alias, _route(args.model, args.fallback))
