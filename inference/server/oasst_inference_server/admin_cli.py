@@ -15,6 +15,7 @@ capture it; what was done goes to standard error. Keys are shown once and stored
                                           trees, one per line (docs/operating-export.md)
     keys, set-key-limits, set-user-limits, usage
                                           usage limits of API keys and users (``admin_limits_cli``)
+    set-alias, delete-alias, list-aliases model aliases (``alias_cli``)
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from oasst_inference_server import admin_cli_users, admin_limits_cli
+from oasst_inference_server import admin_cli_users, admin_limits_cli, alias_cli
 from oasst_inference_server.auth.api_key_store import create_api_key
 from oasst_inference_server.auth.worker_keys import new_worker_key
 from oasst_inference_server.chats.export import command as export_command
@@ -59,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands.add_parser("migrate", help="bring the database to the newest migration")
     export_command.add_parser(commands)
     admin_limits_cli.add_commands(commands)
+    alias_cli.add_commands(commands)
     return parser
 
 
@@ -109,6 +111,8 @@ async def _run(args: argparse.Namespace, settings: Settings) -> str | None:
         if args.command == "set-admin":
             await admin_cli_users.set_admin(engine, args)
             return None
+        if args.command in alias_cli.COMMANDS:
+            return await alias_cli.run(args, settings, engine)
         print("the database is at the newest migration", file=sys.stderr)
         return None
     finally:

@@ -19,6 +19,7 @@ from oasst_inference_server.api.responses import document_errors
 from oasst_inference_server.api.routes import (
     account,
     admin,
+    admin_aliases,
     admin_export,
     admin_limits,
     admin_users,
@@ -58,6 +59,9 @@ from oasst_inference_server.quotas.gate import QuotaGate
 from oasst_inference_server.quotas.prices import Prices
 from oasst_inference_server.responses_api.service import ResponsesService
 from oasst_inference_server.responses_api.serving import ResponsesServing
+from oasst_inference_server.routing.alias_admin import AliasAdmin, file_alias_entries
+from oasst_inference_server.routing.alias_table import AliasTable
+from oasst_inference_server.routing.router import ModelRouter
 from oasst_inference_server.scheduling.dispatcher import Dispatchers
 from oasst_inference_server.scheduling.handoff import Handoff
 from oasst_inference_server.scheduling.rebalancer import Rebalancer
@@ -156,8 +160,22 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         prices = Prices(model_registry)
         app.state.quota_gate = quotas = QuotaGate(broker, prices)
         app.state.lifecycle.usage_charger = UsageCharger(broker, prices, session_factory)
+        # Aliases and fallbacks: the files' and the stored ones, changes seen at once on every replica.
+        aliases = AliasTable(
+            session_factory, broker, file_alias_entries(model_registry), settings.alias_cache_seconds
+        )
+        router = ModelRouter(
+            app.state.registry,
+            aliases,
+            broker,
+            model_registry,
+            settings.fallback_queue_length or settings.max_queue_size,
+        )
+        app.state.alias_admin = AliasAdmin(
+            session_factory, broker, model_registry, fleet=app.state.registry.fleet_configs
+        )
         app.state.submission = SubmissionService(
-            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit, loads, quotas
+            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit, loads, quotas, router
         )
         app.state.openai_service = OpenAIService(
             settings,
@@ -249,6 +267,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         configs,
         workers,
         admin,
+        admin_aliases,
         admin_export,
         admin_limits,
         admin_users,

@@ -24,6 +24,7 @@ from oasst_inference_server.settings_sections.process import (
     _TheProcessSettings,
     _TokensAndTheUserCacheSettings,
 )
+from oasst_inference_server.settings_sections.routing import _ModelAliasesAndFallbacksSettings
 from oasst_inference_server.settings_sections.scheduling import (
     _PerUserLimitsAndTheOpenaiApiSettings,
     _RebalancerSettings,
@@ -40,6 +41,7 @@ from oasst_inference_server.trusted_client_names import parse_trusted_client_ent
 
 
 class Settings(
+    _ModelAliasesAndFallbacksSettings,
     _PerUserLimitsAndTheOpenaiApiSettings,
     _RebalancerSettings,
     _SchedulingSettings,

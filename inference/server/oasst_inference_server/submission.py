@@ -15,7 +15,11 @@ work the same way, through one :class:`SubmissionService` built at startup:
    is safely pending in the database, and the recovery loop queues it. A queued message of a model that
    no worker serves has a worker told to load it (``fleet.on_demand``).
 
-May import admission, chats, streams, dispatch, auth, fleet, quotas, db, broker, metrics, settings, errors;
+The model a request names is routed first (``routing``: an alias's config, or a fallback when the model
+has no worker or a full queue); the message carries the config that serves it.
+
+May import admission, routing, chats, streams, dispatch, auth, fleet, quotas, db, broker, metrics, settings,
+errors;
 not api or openai_api.
 """
 
@@ -50,10 +54,12 @@ from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue, ServiceUnavailable
 from oasst_inference_server.fleet.on_demand import OnDemandLoads
 from oasst_inference_server.quotas.gate import QuotaGate
+from oasst_inference_server.routing.router import ModelRouter
 from oasst_inference_server.scheduling import fair_share
 from oasst_inference_server.scheduling.handoff import HandedOver, Handoff
 from oasst_inference_server.scheduling.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.settings import Settings
+from oasst_shared.model_registry import builtin_registry
 from oasst_shared.schemas import (
     CreateAssistantMessageRequest,
     CreateTurnRequest,
@@ -73,10 +79,15 @@ class SubmissionService:
         prompt_fit: PromptFit | None = None,
         loads: OnDemandLoads | None = None,
         quotas: QuotaGate | None = None,
+        router: ModelRouter | None = None,
     ) -> None:
         self._settings = settings
         # The limits of API keys and users an admin set (requests, tokens, budgets, allowed models).
         self.quotas = quotas
+        # Which config serves a name (aliases, fallbacks); without one, every name is a config's.
+        self.router = router or ModelRouter(
+            registry, None, registry.broker, builtin_registry(), settings.max_queue_size
+        )
         self._loads = loads  # a request for a model nobody has loaded has a worker load it
         self._lifecycle = lifecycle
         self._registry = registry
@@ -323,16 +334,20 @@ class SubmissionService:
         return submitted
 
     async def _chat_model(self, name: str) -> LiveModel:
-        """The model ``name``, loaded by a worker or loadable by one (the answer, once queued, has a worker
-        load it: ``fleet.on_demand``): ``InvalidRequest`` if unknown, ``ServiceUnavailable`` if no worker serves it
-        or can load it now."""
-        model = await self._registry.model(name)
-        if model is not None:
-            return model
+        """The model that serves ``name`` (routed: ``routing.router``), loaded by a worker or loadable by
+        one (the answer, once queued, has a worker load it: ``fleet.on_demand``): ``InvalidRequest`` if
+        unknown, ``ServiceUnavailable`` if no worker serves it (or a fallback) or can load it now."""
+        picked = await self.router.pick(name)
+        if picked.model is not None:
+            return picked.model
+        target = picked.route.target
         live = await self._registry.fleet_models()
         available = ", ".join(sorted(live)) or "none"
-        if name in self._registry.known_model_names(live):
+        if target in self._registry.known_model_names(live):
             raise ServiceUnavailable(
-                "no_worker", f"no worker serves model {name!r} right now; available: {available}"
+                "no_worker",
+                f"no worker serves model {picked.route.named(target)} right now; available: {available}",
             )
-        raise InvalidRequest("unknown_model", f"unknown model {name!r}; available models: {available}")
+        raise InvalidRequest(
+            "unknown_model", f"unknown model {picked.route.named(target)}; available models: {available}"
+        )

@@ -41,6 +41,7 @@ from oasst_inference_server.openai_api.serving_scoring import ScoringServing
 from oasst_inference_server.openai_api.serving_tokenize import TokenizeServing
 from oasst_inference_server.quotas.gate import QuotaGate
 from oasst_inference_server.responses_api.serving import ResponsesServing
+from oasst_inference_server.routing.alias_admin import AliasAdmin
 from oasst_inference_server.scheduling.dispatcher import Dispatchers
 from oasst_inference_server.scheduling.rebalancer import Rebalancer
 from oasst_inference_server.scheduling.worker_registry import WorkerRegistry
@@ -76,6 +77,7 @@ BrokerDep = Annotated[Broker, Depends(_from_app_state("broker"))]
 StreamFanoutDep = Annotated[StreamFanout, Depends(_from_app_state("stream_fanout"))]
 RegistryDep = Annotated[WorkerRegistry, Depends(_from_app_state("registry"))]
 LifecycleDep = Annotated[MessageLifecycle, Depends(_from_app_state("lifecycle"))]
+AliasAdminDep = Annotated[AliasAdmin, Depends(_from_app_state("alias_admin"))]
 MessageReadsDep = Annotated[MessageReads, Depends(_from_app_state("message_reads"))]
 DispatchersDep = Annotated[Dispatchers, Depends(_from_app_state("dispatchers"))]
 ComplianceDep = Annotated[ComplianceRecorder, Depends(_from_app_state("compliance"))]

@@ -328,4 +328,19 @@ class DbUsageLimit(SQLModel, table=True):
     budget_usd: float | None = None
     budget_period: str | None = Field(default=None, max_length=8)
     allowed_models: list[str] | None = Field(default=None, sa_column=Column(JSON))
+
+
+# ---------------------------------------------------------------- model aliases
+
+
+class DbModelAlias(SQLModel, table=True):
+    """An alias the operator set through the admin API or CLI: a stable name for one model config, with
+    the fallbacks that serve when it cannot (``oasst_shared.model_routes``). Replaces an alias of the same
+    name that a model-config file declares."""
+
+    __tablename__ = "model_alias"
+
+    alias: str = Field(primary_key=True, max_length=64)
+    model_config_name: str = Field(max_length=128)
+    fallbacks: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     updated_at: datetime = Field(default_factory=utcnow)

@@ -46,6 +46,7 @@ from oasst_inference_server.domain_errors import (
     ServiceUnavailable,
 )
 from oasst_inference_server.events import plain_token_text
+from oasst_inference_server.routing.router import Route
 from oasst_inference_server.scheduling.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.streams.event_reader import read_message_events
@@ -170,24 +171,31 @@ class OpenAIService:
         """The models workers have loaded and, with on-demand loading, those a worker can load."""
         return await self._registry.fleet_models(wanted)
 
+    async def alias_routes(self) -> list[Route]:
+        """Every alias, routed (its config, then its fallbacks), by name."""
+        return await self._submission.router.alias_routes()
+
     async def resolve_model(self, name: str, kind: ModelKind, *, load: bool = True) -> LiveModel:
-        """The model ``name`` of ``kind``, loaded by a worker or loadable by one (the request, once queued,
-        has a worker load it: ``fleet.on_demand``): NotFound if unknown, ServiceUnavailable if no worker serves it or
-        can load it now, InvalidRequest if it is of another kind. ``load`` false: a model nobody has
-        loaded is ServiceUnavailable (a question only a loaded model can answer, such as a tokenization)."""
-        model = await self._registry.model(name)
+        """The model that serves ``name`` (an alias's config or the name's, else a fallback of it that can
+        serve: ``routing.router``) of ``kind``, loaded by a worker or loadable by one (the request, once
+        queued, has a worker load it: ``fleet.on_demand``): NotFound if unknown, ServiceUnavailable if no
+        worker serves it or can load it now, InvalidRequest if it is of another kind. ``load`` false: a
+        model nobody has loaded is ServiceUnavailable (a question only a loaded model can answer, such as
+        a tokenization)."""
+        picked = await self._submission.router.pick(name, loaded_only=not load)
+        model, route = picked.model, picked.route
         live = await self._registry.fleet_models()
         available = ", ".join(sorted(n for n, m in live.items() if m.config.kind == kind)) or "none"
         if model is None:
-            if name in self._registry.known_model_names(live):
+            if route.target in self._registry.known_model_names(live):
                 raise ServiceUnavailable(
                     "model_unavailable",
-                    f"no worker serves the model {name!r} right now; available: {available}",
+                    f"no worker serves the model {route.named(route.target)} right now; available: {available}",
                     param="model",
                 )
             raise NotFound(
                 "model_not_found",
-                f"the model {name!r} does not exist; available models: {available}",
+                f"the model {route.named(route.target)} does not exist; available models: {available}",
                 param="model",
             )
         if model.config.kind != kind:

@@ -1,5 +1,5 @@
 """``/v1/models``: the models the fleet serves or can load, with their context length, kind, quantization
-and whether a worker has them loaded (extensions: OpenAI's model object has ``id``, ``object``,
+and whether a worker has them loaded, and the aliases that stand for them (extensions: OpenAI's model object has ``id``, ``object``,
 ``created`` and ``owned_by``; clients ignore the rest)."""
 
 from __future__ import annotations
@@ -26,6 +26,9 @@ class ModelCard(BaseModel):
     loaded: bool = True
     loadable_worker_count: int = 0
     quantization: str = "none"
+    # For an alias (docs/operating-aliases.md): the model config it stands for. The other fields are those
+    # of the model that would serve it now (the config, or a fallback).
+    alias_of: str | None = None
 
 
 class ModelList(BaseModel):

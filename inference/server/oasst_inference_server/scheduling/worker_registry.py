@@ -90,6 +90,10 @@ class WorkerRegistry:
             models = await self._read(fresh=True)
         return models.live.get(name) or (models.fleet.get(name) if self.on_demand else None)
 
+    async def fleet_configs(self) -> dict[str, ModelConfig]:
+        """The configs of the models workers serve or can load (whatever ``on_demand`` says), by name."""
+        return {name: model.config for name, model in (await self._read(fresh=True)).fleet.items()}
+
     def known_model_names(self, live: dict[str, LiveModel]) -> list[str]:
         return sorted(set(live) | set(self._known))
 

@@ -158,6 +158,10 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("GET", "/admin/users/{user_id}/limits"): (Access.ADMIN, False),
     ("PUT", "/admin/users/{user_id}/limits"): (Access.ADMIN, False),
     ("GET", "/admin/usage"): (Access.ADMIN, False),
+    ("GET", "/admin/aliases"): (Access.ADMIN, False),
+    # PUT before DELETE (routes are called in path order, stably): the admin's DELETE finds the alias.
+    ("PUT", "/admin/aliases/{alias}"): (Access.ADMIN, False),
+    ("DELETE", "/admin/aliases/{alias}"): (Access.ADMIN, False),
 }
 # Routes whose owner may get a 404 for reasons of the resource, not of access (a chat answer is not
 # an API request).
@@ -177,6 +181,8 @@ OWNER_404_OK |= {
 # Path values that differ by route ("{...}" filled in from the world): a completion's id names its API.
 PATH_VALUES: dict[tuple[str, str], dict[str, str]] = {
     ("GET", "/v1/completions/{completion_id}/stream"): {"completion_id": "cmpl-{message_id}"},
+    ("PUT", "/admin/aliases/{alias}"): {"alias": "route-table-alias"},
+    ("DELETE", "/admin/aliases/{alias}"): {"alias": "route-table-alias"},
 }
 # Valid bodies where validation would otherwise answer before the ownership check; "{...}" values
 # are filled in from the world.
@@ -195,6 +201,7 @@ BODIES: dict[tuple[str, str], dict[str, Any]] = {
     ("POST", "/chats/{chat_id}/messages/{message_id}/votes"): {"score": 1},
     ("PUT", "/admin/users/{user_id}/tier"): {"tier": "standard"},
     ("PUT", "/admin/users/{user_id}/admin"): {"admin": False},
+    ("PUT", "/admin/aliases/{alias}"): {"model": "SmolLM2-135M-Instruct"},
     ("PUT", "/admin/workers/{worker_id}/trust"): {"trusted": False},
     ("POST", "/chats/{chat_id}/messages/{message_id}/reports"): {"report_type": "spam"},
     ("POST", "/chats/{chat_id}/messages/{message_id}/message_evals"): {
