@@ -328,6 +328,7 @@ class DbUsageLimit(SQLModel, table=True):
     budget_usd: float | None = None
     budget_period: str | None = Field(default=None, max_length=8)
     allowed_models: list[str] | None = Field(default=None, sa_column=Column(JSON))
+    updated_at: datetime = Field(default_factory=utcnow)
 
 
 # ---------------------------------------------------------------- model aliases
