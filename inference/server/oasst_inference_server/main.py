@@ -19,6 +19,7 @@ from oasst_inference_server.api.responses import document_errors
 from oasst_inference_server.api.routes import (
     account,
     admin,
+    admin_moderation,
     anthropic,
     api_keys,
     auth,
@@ -27,6 +28,7 @@ from oasst_inference_server.api.routes import (
     configs,
     health,
     metrics,
+    moderations,
     openai,
     responses,
     scoring,
@@ -43,11 +45,15 @@ from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
 from oasst_inference_server.fleet.on_demand import OnDemandLoads
 from oasst_inference_server.fleet.switcher import ModelSwitcher
+from oasst_inference_server.moderation.hook import Moderation
+from oasst_inference_server.moderation.word_list import WordList
+from oasst_inference_server.openai_api.moderation_embedder import ModerationEmbedder
 from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.openai_api.serving_chat import ChatCompletionServing
 from oasst_inference_server.openai_api.serving_completions import CompletionServing
 from oasst_inference_server.openai_api.serving_embeddings import EmbeddingServing
 from oasst_inference_server.openai_api.serving_models import ModelServing
+from oasst_inference_server.openai_api.serving_moderations import ModerationServing
 from oasst_inference_server.openai_api.serving_scoring import ScoringServing
 from oasst_inference_server.openai_api.serving_tokenize import TokenizeServing
 from oasst_inference_server.responses_api.service import ResponsesService
@@ -79,12 +85,15 @@ def _build_serving(app: FastAPI, prompt_sizes: PromptSizes) -> None:
     app.state.tokenize_serving = TokenizeServing(openai_service, prompt_sizes)
     app.state.responses_serving = ResponsesServing(app.state.responses_service)
     app.state.anthropic_serving = AnthropicServing(app.state.anthropic_service)
+    app.state.moderation_serving = ModerationServing(openai_service, app.state.moderation)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     # The operator's model configs, checked before anything starts (ModelRegistryError names each bad field).
     model_registry = load_registry(settings.model_configs_dir)
+    # The moderation hook's lists are compiled now: a bad entry (UnsafePattern) fails the start.
+    moderation_lists = WordList(settings.moderation_word_lists)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -101,6 +110,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         await broker.start()
         session_factory = make_session_factory(engine)
+        moderation = Moderation(settings, session_factory, moderation_lists)
         app.state.settings = settings
         app.state.engine = engine
         app.state.session_factory = session_factory
@@ -146,8 +156,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             remote=remote_questions,
         )
         prompt_fit = PromptFit(prompt_sizes)
+        app.state.moderation = moderation
         app.state.submission = SubmissionService(
-            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit, loads
+            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit, loads, moderation
         )
         app.state.openai_service = OpenAIService(
             settings,
@@ -161,6 +172,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.responses_service = ResponsesService(
             settings, session_factory, app.state.lifecycle, app.state.openai_service
         )
+        if settings.moderation_classifier_model:  # the classifier's embeddings, from the fleet
+            moderation.classifier.embedder = ModerationEmbedder(
+                app.state.openai_service, session_factory, settings.moderation_classifier_model
+            )
         app.state.anthropic_service = AnthropicService(app.state.openai_service, prompt_sizes)
         _build_serving(app, prompt_sizes)
         recovery = RecoveryLoop(session_factory, broker, app.state.lifecycle, app.state.registry, settings)
@@ -239,9 +254,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         configs,
         workers,
         admin,
+        admin_moderation,
         api_keys,
         usage,
         openai,
+        moderations,
         responses,
         anthropic,
         scoring,

@@ -15,7 +15,7 @@ work the same way, through one :class:`SubmissionService` built at startup:
    is safely pending in the database, and the recovery loop queues it. A queued message of a model that
    no worker serves has a worker told to load it (``fleet.on_demand``).
 
-May import admission, chats, streams, dispatch, auth, fleet, db, broker, metrics, settings, errors; not api
+May import admission, chats, streams, dispatch, auth, moderation, fleet, db, broker, metrics, settings, errors; not api
 or openai_api.
 """
 
@@ -49,6 +49,7 @@ from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, new_id, 
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue, ServiceUnavailable
 from oasst_inference_server.fleet.on_demand import OnDemandLoads
+from oasst_inference_server.moderation.hook import Moderation
 from oasst_inference_server.scheduling import fair_share
 from oasst_inference_server.scheduling.handoff import HandedOver, Handoff
 from oasst_inference_server.scheduling.worker_registry import LiveModel, WorkerRegistry
@@ -71,6 +72,7 @@ class SubmissionService:
         handoff: Handoff | None = None,
         prompt_fit: PromptFit | None = None,
         loads: OnDemandLoads | None = None,
+        moderation: Moderation | None = None,
     ) -> None:
         self._settings = settings
         self._loads = loads  # a request for a model nobody has loaded has a worker load it
@@ -79,6 +81,8 @@ class SubmissionService:
         self._handoff = handoff
         # Without it (tests of other parts), prompts are not sized at submission.
         self.prompt_fit = prompt_fit
+        # The moderation hook on prompts (None or off: not checked).
+        self.moderation = moderation
         # SQLite cannot lock the user's row: admission takes turns per user in this one process.
         self.turns = UserTurns(enabled=settings.is_sqlite)
 
@@ -227,6 +231,13 @@ class SubmissionService:
         if parent.role != Role.prompter:
             raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
         model = await self._answer_model(request, parent.content or "")
+        if self.moderation is not None and self.moderation.on_requests:
+            (content,) = await self.moderation.moderate_request(
+                user.id, [parent.content or ""], message_id=parent.id, chat_id=chat.id
+            )
+            if content != parent.content:
+                parent.content = content  # replaced: stored with the answer
+                session.add(parent)
         async with self.turns.turn(user.id, session):
             return await self._answer(session, user, chat, parent, request, requested, model)
 
@@ -246,6 +257,9 @@ class SubmissionService:
             raise InvalidValue("empty_message", "the message is empty")
         check_message_length(self._settings, request.content)
         model = await self._answer_model(request, request.content)
+        if self.moderation is not None and self.moderation.on_requests:
+            (content,) = await self.moderation.moderate_request(user.id, [request.content], chat_id=chat.id)
+            request = request.model_copy(update={"content": content})
         # The turn before the staged prompt's write (see admission.user_turns).
         async with self.turns.turn(user.id, session):
             size = await check_chat_capacity(session, self._settings, chat.id)
