@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from oasst_inference_server.moderation.hook import Moderation, Verdict
+from oasst_inference_server.moderation.hook import Finding, Moderation, Verdict
 from oasst_inference_server.settings_sections.moderation import MAX_PATTERN_LENGTH
 
 MAX_HELD = 64  # characters of an unfinished word held back
@@ -74,26 +74,29 @@ class AnswerWatch:
             self._tail = (self._tail + text)[-_CONTEXT:]
 
     def _check(self, new: str) -> tuple[Verdict | None, list[Verdict], int]:
-        """The word list on ``new`` after the relayed tail: a cutting verdict and where in ``new`` its hit
-        starts; the flag-only verdicts not recorded yet."""
-        words = self._moderation.word_list
-        if not words.words:
+        """The word list on ``new`` after the relayed tail: a cutting verdict and where in ``new`` its first
+        hit starts; the flag-only verdicts not recorded yet."""
+        moderation = self._moderation
+        if not moderation.word_list.words:
             return None, [], 0
         window = self._tail + new
         start = 0
         if self._relayed_chars > len(self._tail):  # the window may start inside a word: skip it
             while start < len(self._tail) and (window[start].isalnum() or window[start] == "_"):
                 start += 1
-        finding = words.find_one(window[start:])
-        if finding is None:
+        text = window[start:]
+        hits = moderation.word_list.words.scan(text)
+        cutting = [h for h in hits if moderation.action_of([h.category]) != "flag"]
+        if cutting:
+            finding = Finding("word_list", [h.category for h in cutting], {}, cutting[0].start)
+            hit_in_new = max(0, start + cutting[0].start - len(self._tail))
+            return moderation.verdict(finding, text), [], hit_in_new
+        fresh = [h for h in hits if h.category not in self._flagged]
+        if not fresh:
             return None, [], 0
-        verdict = self._moderation.verdict(finding, window[start:])
-        hit_in_new = max(0, start + (finding.at or 0) - len(self._tail))
-        if verdict.action != "flag":
-            return verdict, [], hit_in_new
-        fresh = [c for c in verdict.categories if c not in self._flagged]
-        self._flagged.update(fresh)
-        return None, ([verdict] if fresh else []), 0
+        self._flagged.update(h.category for h in fresh)
+        finding = Finding("word_list", [h.category for h in fresh], {}, fresh[0].start)
+        return None, [moderation.verdict(finding, text)], 0
 
     def feed(self, text: str, logprobs: list[Any] | None) -> Step:
         """A streamed token: what to relay now, and whether the answer is cut."""

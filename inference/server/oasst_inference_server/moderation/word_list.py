@@ -5,7 +5,7 @@ Safe by construction, whatever the list holds: the text is split into words once
 phrase is a lookup of a tuple of words in a set, and a regular expression only ever sees one word of at
 most :data:`MAX_WORD` characters, so no pattern can take time that grows with the text (the catastrophic
 backtracking of a pattern such as ``(a+)+$`` on a long text). The subset refuses what could still blow up
-on one word: back-references, look-arounds, a repeat inside a repeat, more than two repeats.
+on one word: back-references, look-arounds, a repeat of anything but one character or class, more than two repeats.
 """
 
 from __future__ import annotations
@@ -28,6 +28,13 @@ _FORBIDDEN = {
     sre_constants.GROUPREF_EXISTS,
     sre_constants.ASSERT,
     sre_constants.ASSERT_NOT,
+}
+_ONE_CHARACTER = {
+    sre_constants.LITERAL,
+    sre_constants.NOT_LITERAL,
+    sre_constants.IN,
+    sre_constants.ANY,
+    sre_constants.CATEGORY,
 }
 _ATOMIC_GROUP = getattr(sre_constants, "ATOMIC_GROUP", object())
 _REPEATS = {
@@ -53,10 +60,10 @@ def _check_tree(pattern: Any, inside_repeat: bool, repeats: list[int], entry: st
         if op in _FORBIDDEN:
             raise UnsafePattern(f"{entry!r}: back-references and look-arounds are not allowed")
         if op in _REPEATS:
-            if inside_repeat:
-                raise UnsafePattern(f"{entry!r}: a repeat inside a repeat is not allowed")
+            body = list(arg[2])
+            if inside_repeat or len(body) != 1 or body[0][0] not in _ONE_CHARACTER:
+                raise UnsafePattern(f"{entry!r}: only a single character or class may be repeated")
             repeats.append(1)
-            _check_tree(arg[2], True, repeats, entry)
         elif op == sre_constants.SUBPATTERN:
             _check_tree(arg[-1], inside_repeat, repeats, entry)
         elif op == sre_constants.BRANCH:
