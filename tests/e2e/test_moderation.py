@@ -128,7 +128,11 @@ def _stream_v1(api: ChatApi, model: str, content: str) -> tuple[str, list[dict[s
 
 def _turn(api: ChatApi, model: str, content: str) -> tuple[httpx.Response, list[dict[str, Any]]]:
     chat_id = api.create_chat()
-    body = {"content": content, "model_config_name": model, "sampling_parameters": {"max_new_tokens": 48}}
+    body = {
+        "content": content,
+        "model_config_name": model,
+        "sampling_parameters": {"max_new_tokens": 48, "temperature": 0},
+    }
     events: list[dict[str, Any]] = []
     with api.client.stream("POST", f"/chats/{chat_id}/turns", json=body) as response:
         if response.status_code != 200:
@@ -203,14 +207,19 @@ def test_an_answer_on_v1(word_stack: tuple[Stack, str], api: ChatApi):
         if c.get("choices") and c["choices"][0]["finish_reason"]
     ]
     if action == "flag":
-        assert finish and finish[-1] != "content_filter"
-        assert _has_common_word(text)  # let through
+        assert finish and finish[-1] != "content_filter"  # let through, listed words and all
+        assert _has_common_word(text)  # (greedy: SmolLM2 answers in English)
     else:
         assert finish == ["content_filter"]  # cut, with OpenAI's final chunk
         assert not _has_common_word(text)  # no listed word was streamed
     unstreamed = api.client.post(
         "/v1/chat/completions",
-        json={"model": stack.model_name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 48},
+        json={
+            "model": stack.model_name,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": 48,
+            "temperature": 0,
+        },
     )
     if action == "refuse":
         assert unstreamed.status_code == 400, unstreamed.text

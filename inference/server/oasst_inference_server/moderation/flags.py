@@ -80,6 +80,20 @@ class FlagStore:
             )
             await session.commit()
 
+    async def user_of(self, message_id: str) -> str | None:
+        """Whose message it is: its own user (an API request's) or its chat's owner (a chat answer's)."""
+        async with self._sessions() as session:
+            row = (
+                await session.exec(
+                    select(DbMessage.user_id, DbMessage.chat_id).where(col(DbMessage.id) == message_id)
+                )
+            ).first()
+            if row is None:
+                return None
+            if row[0] is not None:
+                return row[0]
+            return await self._chat_owner(session, row[1]) if row[1] is not None else None
+
     @staticmethod
     async def _chat_owner(session: AsyncSession, chat_id: str) -> str | None:
         return (await session.exec(select(DbChat.user_id).where(col(DbChat.id) == chat_id))).first()

@@ -67,8 +67,8 @@ class AnswerModeration(ConnectionCore):
 
     async def _user_of(self, watch: AnswerWatch) -> str:
         if watch.user_id is None:
-            message = await self._lifecycle.get(watch.message_id)
-            watch.user_id = message.user_id if message is not None and message.user_id else ""
+            assert self._moderation is not None
+            watch.user_id = await self._moderation.flags.user_of(watch.message_id) or ""
         return watch.user_id
 
     async def _classify_stream(self, record: InFlight, watch: AnswerWatch, text: str, length: int) -> None:
