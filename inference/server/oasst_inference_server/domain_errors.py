@@ -8,6 +8,7 @@ people.
     DomainError
     ├── InvalidRequest      the request cannot be served as asked: a bad cursor, a foreign OAuth state,
     │                       a parent message that does not fit, too many messages in a request (400)
+    │   └── ContentRefused  the moderation hook refused the prompt (or, unstreamed, the answer) (400)
     ├── InvalidValue        a value breaks a documented bound: settings, a message or a system prompt
     │                       too long (422)
     ├── TooLarge            the request is larger than what it starts can carry: its work frame would
@@ -42,6 +43,14 @@ class DomainError(Exception):
 
 class InvalidRequest(DomainError):
     """The request cannot be served as asked."""
+
+
+class ContentRefused(InvalidRequest):
+    """The moderation hook refused the text; ``categories`` say what it found."""
+
+    def __init__(self, code: str, detail: str, *, categories: list[str]):
+        super().__init__(code, detail)
+        self.categories = categories
 
 
 class InvalidValue(DomainError):

@@ -22,6 +22,7 @@ from oasst_inference_server.api.routes import (
     admin_aliases,
     admin_export,
     admin_limits,
+    admin_moderation,
     admin_users,
     anthropic,
     api_keys,
@@ -31,6 +32,7 @@ from oasst_inference_server.api.routes import (
     configs,
     health,
     metrics,
+    moderations,
     openai,
     responses,
     scoring,
@@ -47,11 +49,15 @@ from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
 from oasst_inference_server.fleet.on_demand import OnDemandLoads
 from oasst_inference_server.fleet.switcher import ModelSwitcher
+from oasst_inference_server.moderation.hook import Moderation
+from oasst_inference_server.moderation.word_list import WordList
+from oasst_inference_server.openai_api.moderation_embedder import ModerationEmbedder
 from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.openai_api.serving_chat import ChatCompletionServing
 from oasst_inference_server.openai_api.serving_completions import CompletionServing
 from oasst_inference_server.openai_api.serving_embeddings import EmbeddingServing
 from oasst_inference_server.openai_api.serving_models import ModelServing
+from oasst_inference_server.openai_api.serving_moderations import ModerationServing
 from oasst_inference_server.openai_api.serving_scoring import ScoringServing
 from oasst_inference_server.openai_api.serving_tokenize import TokenizeServing
 from oasst_inference_server.quotas.charging import UsageCharger
@@ -89,12 +95,15 @@ def _build_serving(app: FastAPI, prompt_sizes: PromptSizes) -> None:
     app.state.tokenize_serving = TokenizeServing(openai_service, prompt_sizes)
     app.state.responses_serving = ResponsesServing(app.state.responses_service)
     app.state.anthropic_serving = AnthropicServing(app.state.anthropic_service)
+    app.state.moderation_serving = ModerationServing(openai_service, app.state.moderation)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:
     settings = settings or get_settings()
     # The operator's model configs, checked before anything starts (ModelRegistryError names each bad field).
     model_registry = load_registry(settings.model_configs_dir)
+    # The moderation hook's lists are compiled now: a bad entry (UnsafePattern) fails the start.
+    moderation_lists = WordList(settings.moderation_word_lists)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -111,6 +120,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         )
         await broker.start()
         session_factory = make_session_factory(engine)
+        moderation = Moderation(settings, session_factory, moderation_lists)
         app.state.settings = settings
         app.state.engine = engine
         app.state.session_factory = session_factory
@@ -174,8 +184,17 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.alias_admin = AliasAdmin(
             session_factory, broker, model_registry, fleet=app.state.registry.fleet_configs
         )
+        app.state.moderation = moderation
         app.state.submission = SubmissionService(
-            settings, app.state.lifecycle, app.state.registry, handoff, prompt_fit, loads, quotas, router
+            settings,
+            app.state.lifecycle,
+            app.state.registry,
+            handoff,
+            prompt_fit,
+            loads,
+            quotas=quotas,
+            router=router,
+            moderation=moderation,
         )
         app.state.openai_service = OpenAIService(
             settings,
@@ -189,6 +208,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         app.state.responses_service = ResponsesService(
             settings, session_factory, app.state.lifecycle, app.state.openai_service
         )
+        if settings.moderation_classifier_model:  # the classifier's embeddings, from the fleet
+            moderation.classifier.embedder = ModerationEmbedder(
+                app.state.openai_service, session_factory, settings.moderation_classifier_model
+            )
         app.state.anthropic_service = AnthropicService(app.state.openai_service, prompt_sizes)
         _build_serving(app, prompt_sizes)
         recovery = RecoveryLoop(session_factory, broker, app.state.lifecycle, app.state.registry, settings)
@@ -270,10 +293,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         admin_aliases,
         admin_export,
         admin_limits,
+        admin_moderation,
         admin_users,
         api_keys,
         usage,
         openai,
+        moderations,
         responses,
         anthropic,
         scoring,

@@ -18,6 +18,7 @@ from oasst_inference_server.settings_sections.edge import (
     _UsersAndAuthSettings,
     _WhatProductionServesSettings,
 )
+from oasst_inference_server.settings_sections.moderation import _ModerationSettings
 from oasst_inference_server.settings_sections.process import (
     _DatabaseAndBrokerSettings,
     _EventStreamsSettings,
@@ -42,6 +43,7 @@ from oasst_inference_server.trusted_client_names import parse_trusted_client_ent
 
 class Settings(
     _ModelAliasesAndFallbacksSettings,
+    _ModerationSettings,
     _PerUserLimitsAndTheOpenaiApiSettings,
     _RebalancerSettings,
     _SchedulingSettings,

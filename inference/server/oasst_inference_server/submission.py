@@ -18,9 +18,8 @@ work the same way, through one :class:`SubmissionService` built at startup:
 The model a request names is routed first (``routing``: an alias's config, or a fallback when the model
 has no worker or a full queue); the message carries the config that serves it.
 
-May import admission, routing, chats, streams, dispatch, auth, fleet, quotas, db, broker, metrics, settings,
-errors;
-not api or openai_api.
+May import admission, routing, chats, streams, dispatch, auth, moderation, fleet, quotas, db, broker,
+metrics, settings, errors; not api or openai_api.
 """
 
 from __future__ import annotations
@@ -53,6 +52,7 @@ from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, new_id, 
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.domain_errors import InvalidRequest, InvalidValue, ServiceUnavailable
 from oasst_inference_server.fleet.on_demand import OnDemandLoads
+from oasst_inference_server.moderation.hook import Moderation
 from oasst_inference_server.quotas.gate import QuotaGate
 from oasst_inference_server.routing.router import ModelRouter
 from oasst_inference_server.scheduling import fair_share
@@ -80,6 +80,7 @@ class SubmissionService:
         loads: OnDemandLoads | None = None,
         quotas: QuotaGate | None = None,
         router: ModelRouter | None = None,
+        moderation: Moderation | None = None,
     ) -> None:
         self._settings = settings
         # The limits of API keys and users an admin set (requests, tokens, budgets, allowed models).
@@ -94,6 +95,8 @@ class SubmissionService:
         self._handoff = handoff
         # Without it (tests of other parts), prompts are not sized at submission.
         self.prompt_fit = prompt_fit
+        # The moderation hook on prompts (None or off: not checked).
+        self.moderation = moderation
         # SQLite cannot lock the user's row: admission takes turns per user in this one process.
         self.turns = UserTurns(enabled=settings.is_sqlite)
 
@@ -248,6 +251,13 @@ class SubmissionService:
         if parent.role != Role.prompter:
             raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
         model = await self._answer_model(request, parent.content or "")
+        if self.moderation is not None and self.moderation.on_requests:
+            (content,) = await self.moderation.moderate_request(
+                user.id, [parent.content or ""], message_id=parent.id, chat_id=chat.id
+            )
+            if content != parent.content:
+                parent.content = content  # replaced: stored with the answer
+                session.add(parent)
         async with self.turns.turn(user.id, session):
             return await self._answer(session, user, chat, parent, request, requested, model)
 
@@ -267,6 +277,9 @@ class SubmissionService:
             raise InvalidValue("empty_message", "the message is empty")
         check_message_length(self._settings, request.content)
         model = await self._answer_model(request, request.content)
+        if self.moderation is not None and self.moderation.on_requests:
+            (content,) = await self.moderation.moderate_request(user.id, [request.content], chat_id=chat.id)
+            request = request.model_copy(update={"content": content})
         # The turn before the staged prompt's write (see admission.user_turns).
         async with self.turns.turn(user.id, session):
             size = await check_chat_capacity(session, self._settings, chat.id)

@@ -33,10 +33,12 @@ from oasst_inference_server.db.models import DbUser
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.domain_errors import NotAuthenticated
 from oasst_inference_server.fleet.switcher import ModelSwitcher
+from oasst_inference_server.moderation.hook import Moderation
 from oasst_inference_server.openai_api.serving_chat import ChatCompletionServing
 from oasst_inference_server.openai_api.serving_completions import CompletionServing
 from oasst_inference_server.openai_api.serving_embeddings import EmbeddingServing
 from oasst_inference_server.openai_api.serving_models import ModelServing
+from oasst_inference_server.openai_api.serving_moderations import ModerationServing
 from oasst_inference_server.openai_api.serving_scoring import ScoringServing
 from oasst_inference_server.openai_api.serving_tokenize import TokenizeServing
 from oasst_inference_server.quotas.gate import QuotaGate
@@ -83,6 +85,8 @@ DispatchersDep = Annotated[Dispatchers, Depends(_from_app_state("dispatchers"))]
 ComplianceDep = Annotated[ComplianceRecorder, Depends(_from_app_state("compliance"))]
 SpotChecksDep = Annotated[ComplianceChecker, Depends(_from_app_state("compliance_checker"))]
 SubmissionDep = Annotated[SubmissionService, Depends(_from_app_state("submission"))]
+ModerationDep = Annotated[Moderation, Depends(_from_app_state("moderation"))]
+ModerationServingDep = Annotated[ModerationServing, Depends(_from_app_state("moderation_serving"))]
 # One serving object per API endpoint (vLLM's ``serving`` shape): each route makes one call into its own.
 ModelServingDep = Annotated[ModelServing, Depends(_from_app_state("model_serving"))]
 ChatServingDep = Annotated[ChatCompletionServing, Depends(_from_app_state("chat_serving"))]

@@ -26,7 +26,15 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from oasst_inference_server.auth.refresh_tokens import revoke_user_tokens
 from oasst_inference_server.chats.chat_store import cancel_active_messages, delete_chat
 from oasst_inference_server.chats.usage_records import record_generations
-from oasst_inference_server.db.models import DbApiKey, DbChat, DbMessage, DbUser, DbUserSettings, utcnow
+from oasst_inference_server.db.models import (
+    DbApiKey,
+    DbChat,
+    DbMessage,
+    DbModerationFlag,
+    DbUser,
+    DbUserSettings,
+    utcnow,
+)
 
 if TYPE_CHECKING:
     from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
@@ -54,6 +62,7 @@ async def delete_account(session: AsyncSession, lifecycle: MessageLifecycle, use
     await record_generations(session, user, (DbMessage.user_id == user_id) | DbMessage.chat_id.in_(chat_ids))
     await session.exec(update(DbChat).where(DbChat.user_id == user_id).values(title=None, hidden=True))
     await session.exec(delete(DbUserSettings).where(DbUserSettings.user_id == user_id))
+    await session.exec(delete(DbModerationFlag).where(DbModerationFlag.user_id == user_id))  # their excerpts
     await session.exec(
         update(DbApiKey)
         .where(DbApiKey.user_id == user_id, DbApiKey.revoked_at.is_(None))

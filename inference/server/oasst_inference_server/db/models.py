@@ -345,3 +345,27 @@ class DbModelAlias(SQLModel, table=True):
     model_config_name: str = Field(max_length=128)
     fallbacks: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
     updated_at: datetime = Field(default_factory=utcnow)
+
+
+# ---------------------------------------------------------------- moderation
+
+
+class DbModerationFlag(SQLModel, table=True):
+    """A text the moderation hook flagged (a prompt or an answer), with what it did: the admins' list.
+
+    No foreign keys: a flag is an audit record of what was seen, kept while its message or chat lives
+    on or not (an account's deletion deletes its flags, :mod:`..chats.accounts`)."""
+
+    __tablename__ = "moderation_flag"
+    __table_args__ = (Index("ix_moderation_flag_created", "created_at"),)
+
+    id: str = Field(default_factory=new_id, primary_key=True, max_length=36)
+    message_id: str | None = Field(default=None, max_length=36, index=True)  # None: a refused request
+    chat_id: str | None = Field(default=None, max_length=36)
+    user_id: str = Field(max_length=36, index=True)
+    stage: str = Field(max_length=16)  # "request" | "answer"
+    check: str = Field(max_length=32)  # "word_list" | "classifier"
+    action: str = Field(max_length=16)  # "flag" | "refuse" | "replace"
+    categories: list[str] = Field(default_factory=list, sa_column=Column(JSON, nullable=False))
+    excerpt: str = Field(default="", max_length=500)
+    created_at: datetime = Field(default_factory=utcnow)

@@ -36,16 +36,18 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.chats.chat_store import title_from_prompt
-from oasst_inference_server.db.models import DbChat, DbMessage, MessageKind, utcnow
+from oasst_inference_server.db.models import DbChat, DbMessage, DbUser, MessageKind, utcnow
 from oasst_inference_server.db.payloads import RequestPayload, read_embeddings
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.domain_errors import (
+    ContentRefused,
     GenerationFailed,
     InvalidRequest,
     NotFound,
     ServiceUnavailable,
 )
 from oasst_inference_server.events import plain_token_text
+from oasst_inference_server.moderation.hook import Moderation
 from oasst_inference_server.routing.router import Route
 from oasst_inference_server.scheduling.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.settings import Settings
@@ -65,6 +67,7 @@ from oasst_shared.schemas import (
     MessageState,
     RetryEvent,
     Role,
+    SchedulingRequest,
     StreamEvent,
     TokenEvent,
 )
@@ -153,6 +156,26 @@ class OpenAIService:
         self._submission = submission
 
     @property
+    def moderation(self) -> Moderation | None:
+        """The moderation hook (None: not built, as in some tests)."""
+        return self._submission.moderation
+
+    async def refuse_moderated(self, answers: Sequence[MessageRead]) -> None:
+        """``ContentRefused`` if the moderation hook refused one of these finished answers (an unstreamed
+        answer is refused as its prompt would be; a streamed one ends with ``content_filter``)."""
+        moderation = self.moderation
+        for answer in answers:
+            if moderation is None or answer.finish_reason != "content_filter":
+                continue
+            flag = await moderation.flags.answer_flag(answer.id)
+            if flag is not None and flag.action == "refuse":
+                raise ContentRefused(
+                    "content_policy_violation",
+                    f"the answer was refused by moderation ({flag.check}: {', '.join(flag.categories)})",
+                    categories=list(flag.categories),
+                )
+
+    @property
     def broker(self) -> Broker:
         return self._fanout.broker
 
@@ -236,6 +259,7 @@ class OpenAIService:
         ``kind``: the messages' kind (the Responses API's stored responses have their own); ``stage``,
         if given, places each message (e.g. in a chat, with what else its request keeps) instead of
         ``store_api_conversations``."""
+        system_prompt, thread = await self._moderate_chat(caller, system_prompt, thread)
         if self._submission.prompt_fit is not None:
             offered = tools if tool_choice != "none" else None
             await self._submission.prompt_fit.check_chat_completion(
@@ -251,6 +275,27 @@ class OpenAIService:
         ]
         return await self._submit(session, caller, model, messages, thread, stage)
 
+    async def _moderate_chat(
+        self, caller: Caller, system_prompt: str | None, thread: list[ChatTurn]
+    ) -> tuple[str | None, list[ChatTurn]]:
+        """The moderation hook on what the caller wrote: the system prompt and the user turns (refused:
+        ``ContentRefused``; replaced: returned with the replacement)."""
+        moderation = self._submission.moderation
+        if moderation is None or not moderation.on_requests:
+            return system_prompt, thread
+        places = [i for i, turn in enumerate(thread) if turn.role == "user"]
+        texts = [thread[i].content for i in places]
+        if system_prompt:
+            texts.append(system_prompt)
+        checked = await moderation.moderate_request(caller.user.id, texts)
+        if system_prompt:
+            system_prompt = checked.pop()
+        thread = list(thread)
+        for index, text in zip(places, checked, strict=True):
+            if text != thread[index].content:
+                thread[index] = thread[index].model_copy(update={"content": text})
+        return system_prompt, thread
+
     async def submit_completion(
         self,
         session: AsyncSession,
@@ -260,6 +305,9 @@ class OpenAIService:
         prompt: str,
     ) -> list[DbMessage]:
         """As :meth:`submit_chat`, for a raw prompt, which must fit the model whole."""
+        moderation = self._submission.moderation
+        if moderation is not None and moderation.on_requests:
+            (prompt,) = await moderation.moderate_request(caller.user.id, [prompt])
         if self._submission.prompt_fit is not None:
             await self._submission.prompt_fit.check_completion(model, prompt)
         messages = [
@@ -479,6 +527,21 @@ class OpenAIService:
             )
         return vectors, prompt_tokens, message.id
 
+    async def embed_unmetered(self, user: DbUser, model: LiveModel, inputs: list[str]) -> list[list[float]]:
+        """Embed ``inputs`` for the server's own use on behalf of ``user`` (the moderation classifier): no
+        rate limit or queue bound is applied (the user's request that needs it was admitted already)."""
+        message = self._new_message(
+            Caller(user), MessageKind.embedding, model, None, RequestPayload(inputs=inputs)
+        )
+        async with self._sessions() as session:
+            await self._submission.submit(session, [message], user, SchedulingRequest())
+        try:
+            await self.wait(message, _never_disconnected)
+            vectors, _ = await self.embeddings_of(message)
+        finally:
+            await self.settle(message, finished=True)
+        return vectors
+
     async def embeddings_of(self, message: DbMessage) -> tuple[list[list[float]], int]:
         """The vectors and prompt tokens of a finished embedding request (read before the scrub)."""
         current = await self._lifecycle.get(message.id)
@@ -486,6 +549,10 @@ class OpenAIService:
         if current is None or vectors is None:
             raise GenerationFailed("embeddings_missing", "the worker returned no embeddings")
         return vectors, current.prompt_tokens or 0
+
+
+async def _never_disconnected() -> bool:
+    return False
 
 
 def _spawn(coroutine: Coroutine[Any, Any, None], name: str) -> None:

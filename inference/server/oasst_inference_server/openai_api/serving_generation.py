@@ -121,6 +121,7 @@ class GenerationServing(ABC, Generic[RequestT, ResponseT]):
             events = self._stream(messages, completion_id, created, name, body.include_usage, is_disconnected)
             return EventStream(events, headers)
         answers = await wait_for_answers(self.service, messages, is_disconnected, body.wants_logprobs()[0])
+        await self.service.refuse_moderated([final for final, _ in answers])
         # Each choice is a job of its own, whose prompt was processed too: usage counts every one.
         usage = GenerationUsage.of(
             sum(final.prompt_tokens or 0 for final, _ in answers),

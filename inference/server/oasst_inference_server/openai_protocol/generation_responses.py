@@ -10,13 +10,14 @@ from oasst_inference_server.openai_protocol.usage import GenerationUsage
 from oasst_shared.logprobs import TokenLogprob
 from oasst_shared.tool_calls import ToolCall
 
-OpenAIFinishReason = Literal["stop", "length", "tool_calls"]
+OpenAIFinishReason = Literal["stop", "length", "tool_calls", "content_filter"]
 
 _FINISH_REASONS: dict[str, OpenAIFinishReason] = {
     "eos_token": "stop",
     "stop_sequence": "stop",
     "length": "length",
     "cancelled": "stop",
+    "content_filter": "content_filter",  # the moderation hook cut or replaced the answer
 }
 
 

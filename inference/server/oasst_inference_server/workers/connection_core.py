@@ -22,6 +22,7 @@ from oasst_inference_server import metrics
 from oasst_inference_server.broker import Broker, BrokerError, WorkerSession
 from oasst_inference_server.broker.worker_session import ServableSummary, SwitchOutcome, SwitchState
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.moderation.hook import Moderation
 from oasst_inference_server.outages import is_outage
 from oasst_inference_server.scheduling.capacity import WorkerCapacity
 from oasst_inference_server.scheduling.dispatcher import Dispatchers, ModelDispatcher
@@ -99,6 +100,7 @@ class ConnectionCore:
         spot_checks: SpotChecks | None = None,
         dispatchers: Dispatchers | None = None,
         key_limits: KeyLimits | None = None,
+        moderation: Moderation | None = None,
     ):
         self.websocket = websocket
         self.worker_id = worker_id
@@ -119,6 +121,7 @@ class ConnectionCore:
         self._settings = settings
         self._broker = broker
         self._lifecycle = lifecycle
+        self._moderation = moderation  # the moderation hook on answers (:mod:`.answer_moderation`)
         self._compliance = ComplianceHooks(
             Checked(worker_id, self.session_id, self.model_name),
             self.trust,

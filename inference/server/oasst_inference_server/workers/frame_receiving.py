@@ -15,8 +15,9 @@ from starlette.websockets import WebSocketDisconnect
 
 from oasst_inference_server import metrics
 from oasst_inference_server.broker import BrokerError
+from oasst_inference_server.workers.answer_moderation import AnswerModeration
 from oasst_inference_server.workers.claim_gate import named_messages
-from oasst_inference_server.workers.connection_core import ConnectionClosed, ConnectionCore
+from oasst_inference_server.workers.connection_core import ConnectionClosed
 from oasst_inference_server.workers.embedding_parts import PartRefused
 from oasst_inference_server.workers.in_flight import InFlight
 from oasst_inference_server.workers.worker_frames import (
@@ -48,7 +49,7 @@ from oasst_shared.protocol import (
 from oasst_shared.token_frames import TokenFrame, TokenFrames
 
 
-class FrameReceiving(ConnectionCore):
+class FrameReceiving(AnswerModeration):
     async def _receive(self) -> None:
         while True:
             received = await self.websocket.receive()
@@ -184,6 +185,10 @@ class FrameReceiving(ConnectionCore):
         record.streamed_bytes += utf8_size(token.text)
         if record.spot_tokens is not None:
             record.spot_tokens.append(token.text)
+        watch = self._watch(record) if self._moderation is not None else None
+        if watch is not None:
+            await self._moderated_token(record, watch, token.text, token.logprobs or None)
+            return
         await self._relay.add(token.message_id, token.text, token.logprobs or None)
 
     async def _on_generated(self, frame: GeneratedText) -> None:
@@ -196,6 +201,9 @@ class FrameReceiving(ConnectionCore):
         self._observe_speed(record, result)
         await self._compliance.check_usage(frame, result)
         self._compliance.finished(self, record, frame)
+        watch = self._watch(record) if self._moderation is not None else None
+        if watch is not None and await self._moderated_end(record, watch, result):
+            return
         await self._relay.flush()  # the terminal event comes after every token
         await self._durably(
             lambda: self._lifecycle.complete(self.session_id, result),
@@ -258,7 +266,11 @@ class FrameReceiving(ConnectionCore):
             return
         if self._compliance.took_error(error.message_id, error.error):
             return
-        if error.message_id not in self._held:
+        record = self._held.get(error.message_id)
+        if record is None:
+            return
+        if record.moderation is not None and record.moderation.cut is not None:
+            self._done(error.message_id)  # cut by moderation, already stored: its slot is free now
             return
         await self._relay.flush()  # a retry or error event comes after the tokens it discards
         message_id = error.message_id

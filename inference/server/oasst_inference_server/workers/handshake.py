@@ -26,6 +26,7 @@ from oasst_inference_server.auth.worker_keys import (
 )
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
+from oasst_inference_server.moderation.hook import Moderation
 from oasst_inference_server.scheduling.dispatcher import Dispatchers
 from oasst_inference_server.settings import Settings
 from oasst_inference_server.workers.compliance import ComplianceChecker
@@ -64,6 +65,7 @@ class WorkerServices:
     dispatchers: Dispatchers
     compliance: ComplianceRecorder
     spot_checks: ComplianceChecker
+    moderation: Moderation | None = None
 
 
 def _key_is_valid(key: str | None, valid_keys: list[str]) -> bool:
@@ -162,6 +164,7 @@ async def serve_worker(websocket: WebSocket, services: WorkerServices) -> None:
         spot_checks=spot_checks,
         dispatchers=dispatchers,
         key_limits=limits,
+        moderation=services.moderation,
     )
     record = functools.partial(
         record_worker_event,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import KeysView
 from dataclasses import dataclass, field
+from typing import Any
 
 from loguru import logger
 
@@ -35,6 +36,8 @@ class InFlight:
     token_frames: int = 0
     # A user job drawn for a spot check: its streamed token texts, compared after the fact.
     spot_tokens: list[str] | None = None
+    # The moderation hook's watch of the answer (``moderation.answer_watch.AnswerWatch``), from its first token.
+    moderation: Any = None
 
     @classmethod
     def claimed(cls, message_id: str, work: Work | EmbedWork, *, spot_checked: bool) -> InFlight:

@@ -121,6 +121,7 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("POST", "/v1/chat/completions"): (Access.API, False),
     ("POST", "/v1/completions"): (Access.API, False),
     ("POST", "/v1/embeddings"): (Access.API, False),
+    ("POST", "/v1/moderations"): (Access.API, False),  # 404 while the moderation hook is off
     ("POST", "/v1/messages"): (Access.API, False),  # the Anthropic Messages API (x-api-key too)
     ("POST", "/v1/messages/count_tokens"): (Access.API, False),
     ("POST", "/v1/responses"): (Access.API, False),
@@ -135,6 +136,7 @@ ROUTES: dict[tuple[str, str], tuple[Access, bool]] = {
     ("POST", "/tokenize"): (Access.API, False),  # vLLM's paths, outside /v1
     ("POST", "/detokenize"): (Access.API, False),
     ("GET", "/admin/workers"): (Access.ADMIN, False),
+    ("GET", "/admin/moderation/flags"): (Access.ADMIN, False),
     ("POST", "/admin/workers"): (Access.ADMIN, False),
     ("POST", "/admin/workers/{worker_id}/api_key"): (Access.ADMIN, False),
     ("DELETE", "/admin/workers/{worker_id}"): (Access.ADMIN, False),

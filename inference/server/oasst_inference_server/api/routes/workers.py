@@ -9,6 +9,7 @@ from oasst_inference_server.api.deps import (
     ComplianceDep,
     DispatchersDep,
     LifecycleDep,
+    ModerationDep,
     SessionFactoryDep,
     SettingsDep,
     SpotChecksDep,
@@ -28,7 +29,10 @@ async def worker_work(
     dispatchers: DispatchersDep,
     compliance: ComplianceDep,
     spot_checks: SpotChecksDep,
+    moderation: ModerationDep,
 ) -> None:
     """The worker socket: API-key and protocol-version handshake, then the frames of oasst_shared.protocol."""
-    services = WorkerServices(settings, sessions, broker, lifecycle, dispatchers, compliance, spot_checks)
+    services = WorkerServices(
+        settings, sessions, broker, lifecycle, dispatchers, compliance, spot_checks, moderation
+    )
     await serve_worker(websocket, services)

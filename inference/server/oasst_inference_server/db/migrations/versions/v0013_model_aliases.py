@@ -1,7 +1,7 @@
 """Model aliases set at runtime: a stable name for a model config, with its fallbacks.
 
-Revision ID: 0012_model_aliases
-Revises: 0014_admin_users
+Revision ID: 0013_model_aliases
+Revises: 0012_admin_users
 Create Date: 2026-12-10 00:00:00
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0012_model_aliases"
-down_revision: str | None = "0014_admin_users"
+revision: str = "0013_model_aliases"
+down_revision: str | None = "0012_admin_users"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -1,6 +1,6 @@
 """Admin users: a user's ``is_admin`` flag, which lets their access token use the admin API.
 
-Revision ID: 0014_admin_users
+Revision ID: 0012_admin_users
 Revises: 0011_key_limits
 Create Date: 2026-12-10 00:00:00
 """
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0014_admin_users"
+revision: str = "0012_admin_users"
 down_revision: str | None = "0011_key_limits"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
