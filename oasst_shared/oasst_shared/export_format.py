@@ -3,7 +3,7 @@
 Field names and shapes are those of the original project's ``oasst_data`` package
 (``ExportMessageTree``, ``ExportMessageNode``, ``ExportMessageEvent*``), so the tools that read its
 datasets read ours. Lines are written without their unset (None) fields, as the original export does.
-What each field holds for this server is documented in docs/operating-export.md.
+What each field holds for this server is documented in docs/operating.md#exporting-the-conversations-dataset-export.
 """
 
 from __future__ import annotations

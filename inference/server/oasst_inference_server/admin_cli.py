@@ -12,7 +12,7 @@ capture it; what was done goes to standard error. Keys are shown once and stored
                                           make a user an admin user, or not (admin_cli_users.py)
     migrate                               bring the database to the newest migration and exit
     export [--output FILE] [--gzip] ...   the chats that allow data use as Open-Assistant message
-                                          trees, one per line (docs/operating-export.md)
+                                          trees, one per line (docs/operating.md#exporting-the-conversations-dataset-export)
     keys, set-key-limits, set-user-limits, usage
                                           usage limits of API keys and users (``admin_limits_cli``)
     set-alias, delete-alias, list-aliases model aliases (``alias_cli``)

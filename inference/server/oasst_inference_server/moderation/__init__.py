@@ -1,4 +1,4 @@
-"""The moderation hook (off by default; docs/operating-moderation.md): the checks, a word list (`word_list`)
+"""The moderation hook (off by default; docs/operating.md#moderation): the checks, a word list (`word_list`)
 and a classifier served by an embedding worker (`classifier`), the action they lead to and the flags they
 leave (`hook`, `flags`), and the watch of an answer as it streams (`answer_watch`).
 

@@ -26,7 +26,7 @@ class ModelCard(BaseModel):
     loaded: bool = True
     loadable_worker_count: int = 0
     quantization: str = "none"
-    # For an alias (docs/operating-aliases.md): the model config it stands for. The other fields are those
+    # For an alias (docs/operating.md#model-aliases-and-fallbacks): the model config it stands for. The other fields are those
     # of the model that would serve it now (the config, or a fallback).
     alias_of: str | None = None
 

@@ -1,4 +1,4 @@
-"""Settings section: the moderation hook (off by default; docs/operating-moderation.md)."""
+"""Settings section: the moderation hook (off by default; docs/operating.md#moderation)."""
 
 from __future__ import annotations
 

@@ -12,7 +12,7 @@ class _ModelAliasesAndFallbacksSettings(BaseModel):
         default=None,
         ge=1,
         description="A model with fallbacks whose queue holds this many messages hands new requests to its "
-        "next fallback with room (docs/operating-aliases.md); unset: `max_queue_size`, so a request its own "
+        "next fallback with room (docs/operating.md#model-aliases-and-fallbacks); unset: `max_queue_size`, so a request its own "
         "model would refuse as `queue_full` is served by a fallback instead",
     )
     alias_cache_seconds: float = Field(

@@ -1,6 +1,6 @@
 """The admin API of usage limits (behind ``settings.admin_root_token``, as :mod:`.admin`): API keys with
 their limits and usage, limits of keys and users, usage per key, model and day. Shapes:
-``oasst_shared.usage_limits``; docs/operating-limits.md."""
+``oasst_shared.usage_limits``; docs/operating.md#keys-limits-and-budgets."""
 
 from __future__ import annotations
 

@@ -44,7 +44,7 @@ def add_parser(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         COMMAND,
         help="write the chats that allow data use as Open-Assistant message trees (JSON lines)",
-        description="One message tree per line (docs/operating-export.md). Without --output, to standard output.",
+        description="One message tree per line (docs/operating.md#exporting-the-conversations-dataset-export). Without --output, to standard output.",
     )
     parser.add_argument("--output", "-o", type=Path, help="the file to write (written whole or not at all)")
     parser.add_argument("--gzip", action="store_true", help="compress (implied by an --output ending in .gz)")

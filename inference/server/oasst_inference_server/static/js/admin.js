@@ -223,7 +223,7 @@ function drawFlags(flags) {
       f.action,
       list(f.categories),
       f.excerpt,
-      h("code", {}, f.chat_id ? `${f.chat_id} / ${f.message_id}` : text(f.message_id)),
+      h("code", {}, f.chat_id ? `${f.chat_id} / ${text(f.message_id)}` : text(f.message_id)),
       h("code", {}, text(f.user_id)),
     ],
   }));
