@@ -3,13 +3,13 @@ that allow data use as Open-Assistant message trees, streamed as JSON lines."""
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 from fastapi.responses import StreamingResponse
 
 from oasst_inference_server.api.deps import SessionFactoryDep
+from oasst_inference_server.api.moments import Moment
 from oasst_inference_server.api.responses import ADMIN, error
 from oasst_inference_server.api.routes.admin import require_admin
 from oasst_inference_server.chats.export import ExportSelection, export_lines
@@ -30,9 +30,9 @@ router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(requir
 async def export(
     sessions: SessionFactoryDep,
     since: Annotated[
-        datetime | None, Query(description="Chats created at or after (UTC without a zone)")
+        Moment | None, Query(description="Chats created at or after (UTC without a zone)")
     ] = None,
-    until: Annotated[datetime | None, Query(description="Chats created before (UTC without a zone)")] = None,
+    until: Annotated[Moment | None, Query(description="Chats created before (UTC without a zone)")] = None,
     include_deleted: Annotated[bool, Query(description="Also the chats deleted accounts kept")] = False,
     user_id: Annotated[str | None, Query(max_length=36, description="Only this user's chats")] = None,
 ) -> StreamingResponse:

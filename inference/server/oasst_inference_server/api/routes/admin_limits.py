@@ -4,12 +4,12 @@ their limits and usage, limits of keys and users, usage per key, model and day. 
 
 from __future__ import annotations
 
-from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Path, Query
 
 from oasst_inference_server.api.deps import QuotaGateDep, SessionDep
+from oasst_inference_server.api.moments import Moment
 from oasst_inference_server.api.responses import ADMIN, error
 from oasst_inference_server.api.routes.admin import require_admin
 from oasst_inference_server.quotas.admin_views import (
@@ -65,8 +65,8 @@ async def get_usage(
     key_id: OptionalId = None,
     user_id: OptionalId = None,
     model: Annotated[str | None, Query(min_length=1, max_length=128)] = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: Moment | None = None,
+    until: Moment | None = None,
 ) -> list[UsageRow]:
     """Requests, tokens and their cost per day (UTC), user, key and model; default the last 30 days, at
     most 366."""
