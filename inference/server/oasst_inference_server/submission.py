@@ -129,6 +129,27 @@ class SubmissionService:
             await self.quotas.admit(session, user_id, api_key_id, model_name, count)
         return size
 
+    async def precheck(
+        self,
+        session: AsyncSession,
+        user_id: str,
+        model_name: str,
+        *,
+        count: int = 1,
+        api_key_id: str | None = None,
+    ) -> None:
+        """What :meth:`admit` would refuse of the user's and key's limits now, counting nothing and
+        locking nothing: called before work a request costs ahead of its admission (the moderation
+        classifier's embeddings), so a request admission refuses costs the fleet nothing."""
+        await check_generation_limits(session, self._settings, user_id, count, lock=False)
+        if self.quotas is not None:
+            await self.quotas.admit(session, user_id, api_key_id, model_name, count, counted=False)
+
+    @property
+    def moderation_classifies(self) -> bool:
+        """The moderation hook checks prompts with its classifier (an embedding job per request)."""
+        return self.moderation is not None and self.moderation.on_requests and self.moderation.classifies
+
     async def submit_requests(
         self,
         session: AsyncSession,
@@ -251,13 +272,16 @@ class SubmissionService:
         if parent.role != Role.prompter:
             raise InvalidRequest("parent_not_prompter", "an assistant message must answer a prompter message")
         model = await self._answer_model(request, parent.content or "")
+        if self.moderation_classifies:
+            await self.precheck(session, user.id, model.config.name)
         if self.moderation is not None and self.moderation.on_requests:
-            (content,) = await self.moderation.moderate_request(
-                user.id, [parent.content or ""], message_id=parent.id, chat_id=chat.id
+            content, system_prompt = await self._moderate_turn(
+                user.id, parent.content or "", request.system_prompt, message_id=parent.id, chat_id=chat.id
             )
             if content != parent.content:
                 parent.content = content  # replaced: stored with the answer
                 session.add(parent)
+            request = request.model_copy(update={"system_prompt": system_prompt})
         async with self.turns.turn(user.id, session):
             return await self._answer(session, user, chat, parent, request, requested, model)
 
@@ -277,9 +301,13 @@ class SubmissionService:
             raise InvalidValue("empty_message", "the message is empty")
         check_message_length(self._settings, request.content)
         model = await self._answer_model(request, request.content)
+        if self.moderation_classifies:
+            await self.precheck(session, user.id, model.config.name)
         if self.moderation is not None and self.moderation.on_requests:
-            (content,) = await self.moderation.moderate_request(user.id, [request.content], chat_id=chat.id)
-            request = request.model_copy(update={"content": content})
+            content, system_prompt = await self._moderate_turn(
+                user.id, request.content, request.system_prompt, chat_id=chat.id
+            )
+            request = request.model_copy(update={"content": content, "system_prompt": system_prompt})
         # The turn before the staged prompt's write (see admission.user_turns).
         async with self.turns.turn(user.id, session):
             size = await check_chat_capacity(session, self._settings, chat.id)
@@ -296,6 +324,24 @@ class SubmissionService:
                 await session.rollback()
                 raise
         return prompt, answer
+
+    async def _moderate_turn(
+        self,
+        user_id: str,
+        content: str,
+        system_prompt: str | None,
+        *,
+        message_id: str | None = None,
+        chat_id: str | None = None,
+    ) -> tuple[str, str | None]:
+        """The moderation hook on what the user wrote for this answer: the prompt and the system prompt
+        the request sends (the model reads both). Returns them, replaced where the hook replaces."""
+        assert self.moderation is not None
+        texts = [content, system_prompt] if system_prompt else [content]
+        checked = await self.moderation.moderate_request(
+            user_id, texts, message_id=message_id, chat_id=chat_id
+        )
+        return checked[0], (checked[1] if system_prompt else system_prompt)
 
     async def _answer_model(
         self, request: CreateAssistantMessageRequest | CreateTurnRequest, newest: str

@@ -34,12 +34,12 @@ WINDOW = timedelta(minutes=1)
 _CONCURRENCY_RETRY_AFTER = 2  # seconds: a generation slot frees when any of the user's answers ends
 
 
-async def _identity(session: AsyncSession, user_id: str) -> str | None:
+async def _identity(session: AsyncSession, user_id: str, lock: bool = True) -> str | None:
     """The user's sign-in identity hash (``usage_records.subject_of``), reading the user's row; on
     Postgres the row stays locked for the rest of the transaction (``FOR NO KEY UPDATE``: inserts that
     reference the user, such as a new chat, do not wait for it). None if there is no such user."""
     query = select(DbUser.provider, DbUser.provider_account_id).where(DbUser.id == user_id)
-    if session.get_bind().dialect.name == "postgresql":
+    if lock and session.get_bind().dialect.name == "postgresql":
         query = query.with_for_update(key_share=True)
     row = (await session.exec(query)).first()
     return identity_subject(row[0], row[1]) if row is not None else None
@@ -78,18 +78,19 @@ def _generations(
 
 
 async def check_generation_limits(
-    session: AsyncSession, settings: Settings, user_id: str, count: int = 1
+    session: AsyncSession, settings: Settings, user_id: str, count: int = 1, *, lock: bool = True
 ) -> None:
     """Raise ``RateLimited`` (with ``retry_after``) if the user may not start ``count`` more generations
     now, ``InvalidRequest`` if ``count`` alone is over a limit (no wait would let it in). Two round
     trips: the user's row (locked on Postgres until ``session`` commits or rolls back: call this in the
-    transaction that inserts the generations, just before it), then one query for both limits."""
+    transaction that inserts the generations, just before it), then one query for both limits.
+    ``lock`` false: a look ahead of admission (no row lock; admission checks again)."""
     running_limit = settings.max_concurrent_generations_per_user
     limit = settings.rate_limit_per_minute
     if not running_limit and not limit:
         return
     _check_request_size(count, running_limit, limit)
-    subject = await _identity(session, user_id)
+    subject = await _identity(session, user_id, lock)
     now = utcnow()
     query = _generations(user_id, subject, active=bool(running_limit), since=now - WINDOW if limit else None)
     rows = (await session.exec(query)).all()

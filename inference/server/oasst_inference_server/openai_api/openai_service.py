@@ -259,6 +259,8 @@ class OpenAIService:
         ``kind``: the messages' kind (the Responses API's stored responses have their own); ``stage``,
         if given, places each message (e.g. in a chat, with what else its request keeps) instead of
         ``store_api_conversations``."""
+        if self._submission.moderation_classifies:
+            await self._precheck(caller, model, len(choices))
         system_prompt, thread = await self._moderate_chat(caller, system_prompt, thread)
         if self._submission.prompt_fit is not None:
             offered = tools if tool_choice != "none" else None
@@ -275,15 +277,25 @@ class OpenAIService:
         ]
         return await self._submit(session, caller, model, messages, thread, stage)
 
+    async def _precheck(self, caller: Caller, model: LiveModel, count: int) -> None:
+        """The caller's limits, before the classifier's embedding job (its own short session: the
+        request's may hold what it staged)."""
+        async with self._sessions() as session:
+            await self._submission.precheck(
+                session, caller.user.id, model.config.name, count=count, api_key_id=caller.api_key_id
+            )
+
     async def _moderate_chat(
         self, caller: Caller, system_prompt: str | None, thread: list[ChatTurn]
     ) -> tuple[str | None, list[ChatTurn]]:
-        """The moderation hook on what the caller wrote: the system prompt and the user turns (refused:
-        ``ContentRefused``; replaced: returned with the replacement)."""
+        """The moderation hook on what the caller wrote: the system prompt and every turn (refused:
+        ``ContentRefused``; replaced: returned with the replacement). Every turn: an API caller writes
+        the tool results and the assistant turns it sends as much as its own (a listed word in a tool
+        turn would otherwise reach the model unchecked)."""
         moderation = self._submission.moderation
         if moderation is None or not moderation.on_requests:
             return system_prompt, thread
-        places = [i for i, turn in enumerate(thread) if turn.role == "user"]
+        places = [i for i, turn in enumerate(thread) if turn.content]
         texts = [thread[i].content for i in places]
         if system_prompt:
             texts.append(system_prompt)
@@ -306,6 +318,8 @@ class OpenAIService:
     ) -> list[DbMessage]:
         """As :meth:`submit_chat`, for a raw prompt, which must fit the model whole."""
         moderation = self._submission.moderation
+        if self._submission.moderation_classifies:
+            await self._precheck(caller, model, len(choices))
         if moderation is not None and moderation.on_requests:
             (prompt,) = await moderation.moderate_request(caller.user.id, [prompt])
         if self._submission.prompt_fit is not None:

@@ -56,9 +56,17 @@ class QuotaGate:
         return allowed_models(*await limits_of(session, user_id, api_key_id))
 
     async def admit(
-        self, session: AsyncSession, user_id: str, api_key_id: str | None, model: str, count: int = 1
+        self,
+        session: AsyncSession,
+        user_id: str,
+        api_key_id: str | None,
+        model: str,
+        count: int = 1,
+        *,
+        counted: bool = True,
     ) -> None:
-        """Refuse (403 ``model_not_allowed``, 429 with the limit's code) or count ``count`` requests."""
+        """Refuse (403 ``model_not_allowed``, 429 with the limit's code) or count ``count`` requests
+        (``counted`` false: only refuse, counting nothing: a look ahead of admission)."""
         key_limits, user_limits = await limits_of(session, user_id, api_key_id)
         subjects: list[tuple[SubjectKind, str, UsageLimits]] = []
         if key_limits is not None and api_key_id is not None:
@@ -79,7 +87,7 @@ class QuotaGate:
         checks: list[CounterCheck] = []
         meanings: list[_Meaning] = []
         for kind, subject, limits in subjects:
-            for check, meaning in _checks(kind, subject, limits, count, now):
+            for check, meaning in _checks(kind, subject, limits, count if counted else 0, now):
                 checks.append(check)
                 meanings.append(meaning)
         for _ in range(_SEED_ATTEMPTS):

@@ -13,12 +13,32 @@ import httpx
 import pytest
 import pytest_asyncio
 from asgi_lifespan import LifespanManager
+from sqlmodel import func, select
 
+from oasst_inference_server.broker import WorkerSession
+from oasst_inference_server.db.models import DbMessage, MessageKind
 from oasst_inference_server.main import create_app
+from oasst_inference_server.settings_sections.moderation import ClassifierCategory
+from oasst_shared.model_configs import MINILM_EMBEDDING, SMOLLM2_135M, ModelConfig
+from oasst_shared.protocol import WorkerCapabilities
 from tests.support.api import ADMIN, API, User, register_live_model, sign_in
 from tests.support.services import fresh_database
 
 pytestmark = API
+
+BANNED = "forbiddenword"
+# The word list refuses BANNED; the classifier (an embedding model whose worker never answers, so each
+# classification times out and lets the text through) stands for a classifier's cost per request.
+MODERATION: dict[str, Any] = {
+    "database_pool_size": 3,
+    "moderation_enabled": True,
+    "moderation_word_lists": {"banned": [BANNED]},
+    "moderation_classifier_model": MINILM_EMBEDDING.name,
+    "moderation_classifier_categories": {
+        "harm": ClassifierCategory(examples=["how to hurt people"], threshold=0.99)
+    },
+    "moderation_classifier_timeout": 0.5,
+}
 
 
 @pytest.fixture(scope="module", params=["postgres+redis", "sqlite+memory"])
@@ -35,9 +55,7 @@ def store(
 
 @pytest_asyncio.fixture(scope="module", loop_scope="session")
 async def app(store: dict[str, Any], settings) -> AsyncIterator[Any]:
-    application = create_app(
-        settings.model_copy(update={**store, "max_queue_size": 1000, "database_pool_size": 3})
-    )
+    application = create_app(settings.model_copy(update={**store, **MODERATION, "max_queue_size": 1000}))
     async with LifespanManager(application, startup_timeout=60, shutdown_timeout=30):
         yield application
 
@@ -130,3 +148,120 @@ async def test_garbage_to_the_admin_routes_is_a_4xx(client, user, method, path, 
         return  # odd but valid (a window with a zone against one without): answered
     assert 400 <= response.status_code < 500, response.text
     assert "Traceback" not in response.text
+
+
+async def live_worker(app, config: ModelConfig, **capabilities: bool) -> str:
+    """A worker session of ``config`` that never takes work (with these capabilities); its model's name."""
+    session = WorkerSession(
+        model_config=config,
+        max_parallel_requests=1,
+        free_slots=0,
+        backend_kind="fake",
+        worker_version="test",
+        connected_at=0.0,
+        capabilities=WorkerCapabilities(**capabilities),
+    )
+    await app.state.broker.put_worker_session(session.record(f"ws-{uuid.uuid4().hex[:8]}"), ttl=3600)
+    return config.name
+
+
+async def embedder(app) -> None:
+    """The classifier's embedding model, served by a worker that never answers."""
+    await live_worker(app, MINILM_EMBEDDING)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def tool_model(app) -> str:
+    config = SMOLLM2_135M.model_copy(update={"name": f"tool-model-{uuid.uuid4().hex[:6]}"})
+    return await live_worker(app, config, tools=True, tokenize=True)
+
+
+async def embedding_jobs(app, user_id: str) -> int:
+    async with app.state.session_factory() as session:
+        query = select(func.count()).where(
+            DbMessage.user_id == user_id, DbMessage.kind == MessageKind.embedding
+        )
+        return int((await session.exec(query)).one())
+
+
+def chat_body(model: str, *messages: dict[str, Any], system: str | None = None) -> dict[str, Any]:
+    turns = ([{"role": "system", "content": system}] if system else []) + list(messages)
+    return {"model": model, "messages": turns, "max_tokens": 4}
+
+
+# ------------------------------------------------------------------------ moderation
+
+
+async def test_moderation_reads_every_turn_an_api_caller_writes(client, user, tool_model) -> None:
+    """A listed word in a tool result or an assistant turn the caller sends reaches the model as much as
+    one in a user turn: refused alike."""
+    ask = {"role": "user", "content": "What did the tool say?"}
+    call = {"id": "call_1", "type": "function", "function": {"name": "look", "arguments": "{}"}}
+    for messages in (
+        [
+            ask,
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "call_1", "content": f"say {BANNED}"},
+        ],
+        [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": f"I said {BANNED}"}, ask],
+    ):
+        response = await client.post(
+            "/v1/chat/completions", json=chat_body(tool_model, *messages), headers=user.headers
+        )
+        refused(response, 400, "content_policy_violation")
+    system = await client.post(
+        "/v1/chat/completions",
+        json=chat_body(tool_model, ask, system=f"Always say {BANNED}"),
+        headers=user.headers,
+    )
+    refused(system, 400, "content_policy_violation")
+
+
+async def test_moderation_reads_the_chat_api_s_system_prompt(client, user, model) -> None:
+    chat = await client.post("/chats", json={}, headers=user.headers)
+    body = {"content": "Hello", "model_config_name": model, "system_prompt": f"Always say {BANNED}."}
+    response = await client.post(f"/chats/{chat.json()['id']}/turns", json=body, headers=user.headers)
+    assert response.status_code == 400, response.text
+    assert response.json()["code"] == "content_policy_violation"
+    prompt = await client.post(
+        f"/chats/{chat.json()['id']}/prompter_message", json={"content": "Hello"}, headers=user.headers
+    )
+    answer = await client.post(
+        f"/chats/{chat.json()['id']}/assistant_message",
+        json={
+            "parent_id": prompt.json()["id"],
+            "model_config_name": model,
+            "system_prompt": f"Say {BANNED}.",
+        },
+        headers=user.headers,
+    )
+    assert answer.status_code == 400, answer.text
+    assert answer.json()["code"] == "content_policy_violation"
+
+
+async def test_a_request_its_limits_refuse_costs_no_classifier_job(client, app, model) -> None:
+    """The classifier's embedding job ran before admission: a key past its limits (or asking for a model
+    it may not use) still had the fleet embed its every request."""
+    await embedder(app)
+    user = await sign_in(client)
+    key_id, headers = await new_key(client, user)
+    await put_limits(client, f"keys/{key_id}", allowed_models=["some-other-model"])
+    ask = {"role": "user", "content": "Hello"}
+    for _ in range(3):
+        response = await client.post("/v1/chat/completions", json=chat_body(model, ask), headers=headers)
+        refused(response, 403, "model_not_allowed")
+        completion = await client.post(
+            "/v1/completions", json={"model": model, "prompt": "Hello", "max_tokens": 4}, headers=headers
+        )
+        refused(completion, 403, "model_not_allowed")
+    assert await embedding_jobs(app, user.id) == 0
+    # The chat API: the user's own limits.
+    await put_limits(client, f"users/{user.id}", allowed_models=["some-other-model"])
+    chat = await client.post("/chats", json={}, headers=user.headers)
+    turn = await client.post(
+        f"/chats/{chat.json()['id']}/turns",
+        json={"content": "Hello", "model_config_name": model},
+        headers=user.headers,
+    )
+    assert turn.status_code == 403, turn.text
+    assert await embedding_jobs(app, user.id) == 0
