@@ -75,9 +75,11 @@ class AnthropicService:
         """The finished answer (``GenerationFailed`` if it failed, ``ClientGone`` if the client left)."""
         return await self.openai.wait(submitted.message, is_disconnected)
 
-    async def count_tokens(self, request: CountTokensRequest) -> int:
-        """The prompt's tokens as the model's worker renders and tokenizes it (system prompt, turns, tools)."""
+    async def count_tokens(self, caller: Caller, request: CountTokensRequest) -> int:
+        """The prompt's tokens as the model's worker renders and tokenizes it (system prompt, turns, tools);
+        the caller's limits take it as a request (``OpenAIService.admit_question``)."""
         internal, model = await self._checked(request)
+        await self.openai.admit_question(caller, model)
         system_prompt, thread = internal.to_thread()
         offered = internal.tools if internal.tools and internal.tool_choice != "none" else None
         try:

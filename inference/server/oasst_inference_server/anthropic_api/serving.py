@@ -36,8 +36,10 @@ class AnthropicServing:
         final = await self.service.wait(submitted, is_disconnected)
         return Answer(to_message(final, submitted.model.config.name, body), request_id)
 
-    async def count_tokens(self, session: AsyncSession, body: CountTokensRequest) -> CountTokensResponse:
+    async def count_tokens(
+        self, session: AsyncSession, caller: Caller, body: CountTokensRequest
+    ) -> CountTokensResponse:
         """The prompt's tokens; ``session`` (the caller's, already checked) is closed first: no database
         connection is held while a worker counts."""
         await session.close()
-        return CountTokensResponse(input_tokens=await self.service.count_tokens(body))
+        return CountTokensResponse(input_tokens=await self.service.count_tokens(caller, body))

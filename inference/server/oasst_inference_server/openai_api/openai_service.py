@@ -277,6 +277,16 @@ class OpenAIService:
         ]
         return await self._submit(session, caller, model, messages, thread, stage)
 
+    async def admit_question(self, caller: Caller, model: LiveModel) -> None:
+        """A question to a model's worker that starts no generation (a tokenization): the caller's key
+        and user limits take it as a request (403 for a model they may not use; it counts against
+        requests per minute; a spent budget refuses it)."""
+        quotas = self._submission.quotas
+        if quotas is None:
+            return
+        async with self._sessions() as session:
+            await quotas.admit(session, caller.user.id, caller.api_key_id, model.config.name)
+
     async def _precheck(self, caller: Caller, model: LiveModel, count: int) -> None:
         """The caller's limits, before the classifier's embedding job (its own short session: the
         request's may hold what it staged)."""

@@ -12,6 +12,7 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from oasst_inference_server.admission.request_bounds import check_chat_completion_bounds
+from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.domain_errors import InvalidRequest, ServiceUnavailable
 from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.openai_protocol.generation_requests import ChatCompletionRequest
@@ -42,19 +43,22 @@ class TokenizeServing:
         self._settings = service.settings
         self._sizes = sizes
 
-    async def tokenize(self, body: TokenizeRequest) -> TokenizeResponse:
+    async def tokenize(self, caller: Caller, body: TokenizeRequest) -> TokenizeResponse:
         """The token ids of a prompt, or of the prompt a conversation (``messages``) renders to."""
         model = await self._service.resolve_model(body.model, "generation", load=False)
-        question = Tokenize(request_id=WorkerCalls.new_id(), inputs=[self._input(body)], counts_only=False)
+        tokenize_input = self._input(body)
+        await self._service.admit_question(caller, model)
+        question = Tokenize(request_id=WorkerCalls.new_id(), inputs=[tokenize_input], counts_only=False)
         answer = await self._ask(model, question)
         assert isinstance(answer, Tokenized) and answer.token_ids is not None  # PromptSizes.ask checks
         return TokenizeResponse(
             count=answer.counts[0], max_model_len=model.config.max_total_length, tokens=answer.token_ids[0]
         )
 
-    async def detokenize(self, body: DetokenizeRequest) -> DetokenizeResponse:
+    async def detokenize(self, caller: Caller, body: DetokenizeRequest) -> DetokenizeResponse:
         """The text of a list of token ids."""
         model = await self._service.resolve_model(body.model, "generation", load=False)
+        await self._service.admit_question(caller, model)
         question = Detokenize(request_id=WorkerCalls.new_id(), token_ids=[body.tokens])
         answer = await self._ask(model, question)
         assert isinstance(answer, Detokenized)

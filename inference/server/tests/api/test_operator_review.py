@@ -265,3 +265,36 @@ async def test_a_request_its_limits_refuse_costs_no_classifier_job(client, app, 
     )
     assert turn.status_code == 403, turn.text
     assert await embedding_jobs(app, user.id) == 0
+
+
+# ------------------------------------------------------------------------ key limits on every route
+
+
+async def test_tokenizing_keeps_to_the_key_s_allow_list_and_requests_per_minute(
+    client, user, model, tool_model
+) -> None:
+    """/tokenize, /detokenize and Anthropic's count_tokens put a worker to work like any request: a key
+    may not use them on a model it may not use, and they count against its requests per minute."""
+    key_id, headers = await new_key(client, user)
+    await put_limits(client, f"keys/{key_id}", allowed_models=["some-other-model"])
+    tokenize = await client.post("/tokenize", json={"model": tool_model, "prompt": "Hi"}, headers=headers)
+    refused(tokenize, 403, "model_not_allowed")
+    detokenize = await client.post(
+        "/detokenize", json={"model": tool_model, "tokens": [1, 2]}, headers=headers
+    )
+    refused(detokenize, 403, "model_not_allowed")
+    counted = await client.post(
+        "/v1/messages/count_tokens",
+        json={"model": tool_model, "messages": [{"role": "user", "content": "Hi"}]},
+        headers=headers,
+    )
+    assert counted.status_code == 403, counted.text
+    assert counted.json()["error"]["type"] == "permission_error"
+    # Requests per minute: the first is let in (its model's workers cannot tokenize: a 400), the
+    # second is over the limit.
+    await put_limits(client, f"keys/{key_id}", requests_per_minute=1)
+    first = await client.post("/tokenize", json={"model": model, "prompt": "Hi"}, headers=headers)
+    refused(first, 400, "tokenize_unsupported")
+    second = await client.post("/tokenize", json={"model": model, "prompt": "Hi"}, headers=headers)
+    refused(second, 429, "key_requests_per_minute")
+    assert int(second.headers["Retry-After"]) >= 1

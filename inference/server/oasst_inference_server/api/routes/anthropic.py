@@ -78,4 +78,4 @@ async def count_tokens(
 ) -> CountTokensResponse:
     """The tokens of the prompt the model would read for these messages, system prompt and tools, counted
     with the model's own tokenizer."""
-    return await serving.count_tokens(session, body)
+    return await serving.count_tokens(session, caller, body)

@@ -24,7 +24,9 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
     for status, description in {
         400: "Invalid parameters, too long a text or too many tokens, ids the tokenizer refuses",
         401: "Missing, invalid or revoked API key",
+        403: "The key or user may not use the model",
         404: "Unknown model",
+        429: "The key's or user's requests per minute or budget (see Retry-After)",
         503: "No worker of the model could answer now",
     }.items()
 }
@@ -33,7 +35,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 @router.post("/tokenize", response_model=TokenizeResponse, responses=_ERRORS)
 async def tokenize(body: TokenizeRequest, caller: ApiCaller, serving: TokenizeServingDep) -> TokenizeResponse:
     """The token ids of a prompt, or of the prompt a conversation (``messages``) renders to."""
-    return await serving.tokenize(body)
+    return await serving.tokenize(caller, body)
 
 
 @router.post("/detokenize", response_model=DetokenizeResponse, responses=_ERRORS)
@@ -41,4 +43,4 @@ async def detokenize(
     body: DetokenizeRequest, caller: ApiCaller, serving: TokenizeServingDep
 ) -> DetokenizeResponse:
     """The text of a list of token ids."""
-    return await serving.detokenize(body)
+    return await serving.detokenize(caller, body)
