@@ -147,6 +147,23 @@ class MessageLifecycle(Claiming):
         )
         return True
 
+    async def late_prompt_tokens(self, message_id: str, prompt_tokens: int | None) -> bool:
+        """The prompt tokens a worker reported for an answer stored without them (moderation cut it
+        before the worker's end): kept with the message and charged to its limits; False if it has them."""
+        if not prompt_tokens or prompt_tokens <= 0:
+            return False
+        async with self._sessions() as session:
+            message = await session.get(DbMessage, message_id)
+            if message is None or message.prompt_tokens is not None:
+                return False
+            message.prompt_tokens = prompt_tokens
+            session.add(message)
+            await session.commit()
+            await session.refresh(message)
+        if self.usage_charger is not None:
+            await self.usage_charger.charge_late_prompt(message)
+        return True
+
     async def complete_embeddings(self, session_id: str, result: Embeddings) -> bool:
         """Store the vectors of an embedding request; False if this session no longer owns it."""
         message = await self._finish(

@@ -27,6 +27,15 @@ class UsageCharger:
         """Charge ``message``'s reported tokens; False if there was nothing to charge or it was charged
         before. A broker failure is logged: the budgets' counters are rebuilt from the database."""
         prompt, completion = message.prompt_tokens or 0, message.generated_tokens or 0
+        return await self._charge(message, prompt, completion, periods.charged_marker(message.id))
+
+    async def charge_late_prompt(self, message: DbMessage) -> bool:
+        """Charge the prompt tokens of an answer that was stored, and charged, before its worker reported
+        them (moderation cut it mid-stream), once."""
+        marker = periods.charged_marker(f"prompt:{message.id}")
+        return await self._charge(message, message.prompt_tokens or 0, 0, marker)
+
+    async def _charge(self, message: DbMessage, prompt: int, completion: int, marker: str) -> bool:
         tokens = prompt + completion
         if tokens <= 0:
             return False
@@ -59,9 +68,7 @@ class UsageCharger:
                         )
                     )
         try:
-            return await self._broker.add_counters(
-                adds, once=periods.charged_marker(message.id), once_ttl=periods.CHARGED_MARKER_SECONDS
-            )
+            return await self._broker.add_counters(adds, once=marker, once_ttl=periods.CHARGED_MARKER_SECONDS)
         except BrokerError as exc:
             logger.warning("usage of message {} not charged to its limits' counters: {}", message.id, exc)
             return False

@@ -134,6 +134,11 @@ class AnswerModeration(ConnectionCore):
         """The worker finished an answer: True if moderation took care of it (stored or ended), False to
         store ``result`` as usual. A cut answer's end only frees its slot."""
         if watch.cut is not None:
+            # Stored at the cut, before the worker knew its prompt's tokens: they count now.
+            await self._durably(
+                lambda: self._lifecycle.late_prompt_tokens(record.message_id, result.prompt_tokens),
+                f"storing the prompt tokens of message {record.message_id}",
+            )
             self._done(record.message_id)
             return True
         watch.finishing = True

@@ -5,6 +5,7 @@ The app of ``test_key_limits`` (Postgres with Redis, and SQLite with the in-proc
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -20,7 +21,8 @@ from oasst_inference_server.db.models import DbMessage, MessageKind
 from oasst_inference_server.main import create_app
 from oasst_inference_server.settings_sections.moderation import ClassifierCategory
 from oasst_shared.model_configs import MINILM_EMBEDDING, SMOLLM2_135M, ModelConfig
-from oasst_shared.protocol import WorkerCapabilities
+from oasst_shared.protocol import GeneratedText, WorkerCapabilities
+from oasst_shared.schemas import MessageState
 from tests.support.api import ADMIN, API, User, register_live_model, sign_in
 from tests.support.services import fresh_database
 
@@ -298,3 +300,52 @@ async def test_tokenizing_keeps_to_the_key_s_allow_list_and_requests_per_minute(
     second = await client.post("/tokenize", json={"model": model, "prompt": "Hi"}, headers=headers)
     refused(second, 429, "key_requests_per_minute")
     assert int(second.headers["Retry-After"]) >= 1
+
+
+async def pending_of(app, key_id: str) -> list[str]:
+    async with app.state.session_factory() as session:
+        query = select(DbMessage.id).where(
+            DbMessage.api_key_id == key_id, DbMessage.state == MessageState.pending
+        )
+        return list((await session.exec(query)).all())
+
+
+async def test_an_answer_moderation_cut_still_charges_its_prompt(client, app, user, model) -> None:
+    """An answer moderation cuts mid-stream is stored at once, before its worker reports the prompt's
+    tokens; the worker's late report is charged (the prompt was free: a long prompt whose answer starts
+    with a listed word cost a key's budget a few tokens)."""
+    key_id, headers = await new_key(client, user)
+    await put_limits(client, f"keys/{key_id}", budget_tokens=40, budget_period="day")
+    task = asyncio.create_task(
+        client.post(
+            "/v1/chat/completions", json=chat_body(model, {"role": "user", "content": "Hi"}), headers=headers
+        )
+    )
+    for _ in range(500):
+        if ids := await pending_of(app, key_id):
+            break
+        await asyncio.sleep(0.02)
+    (message_id,) = ids
+    session_id = f"ws-cut-{uuid.uuid4().hex[:8]}"
+    lifecycle = app.state.lifecycle
+    assert await lifecycle.claim(message_id, session_id) is not None
+    # What the cut stores (workers.answer_moderation): the tokens relayed, no prompt tokens yet.
+    cut = GeneratedText.model_construct(
+        message_id=message_id,
+        text="",
+        finish_reason="content_filter",
+        generated_tokens=3,
+        prompt_tokens=None,
+        tool_calls=None,
+        prefix_tokens=None,
+        cached_tokens=None,
+    )
+    assert await lifecycle.complete(session_id, cut)
+    await task
+    # The worker's own end, later: its prompt counts, once.
+    assert await lifecycle.late_prompt_tokens(message_id, 50)
+    assert not await lifecycle.late_prompt_tokens(message_id, 50)
+    over = client.post(
+        "/v1/chat/completions", json=chat_body(model, {"role": "user", "content": "Hi"}), headers=headers
+    )
+    refused(await asyncio.wait_for(over, 30), 429, "key_budget_exceeded")  # 53 of 40
