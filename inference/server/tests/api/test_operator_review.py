@@ -349,3 +349,25 @@ async def test_an_answer_moderation_cut_still_charges_its_prompt(client, app, us
         "/v1/chat/completions", json=chat_body(model, {"role": "user", "content": "Hi"}), headers=headers
     )
     refused(await asyncio.wait_for(over, 30), 429, "key_budget_exceeded")  # 53 of 40
+
+
+async def test_an_alias_or_a_fallback_never_serves_a_model_the_key_may_not_use(
+    client, app, user, model
+) -> None:
+    """A key allowed one model asks for an alias of another, or for its own model whose fallback is
+    another: refused (403), nothing queued."""
+    key_id, headers = await new_key(client, user)
+    allowed = SMOLLM2_135M.name  # a config of the server's files that no worker serves here
+    await put_limits(client, f"keys/{key_id}", allowed_models=[allowed])
+    alias, fallback = f"r28-{uuid.uuid4().hex[:6]}", f"r28fb-{uuid.uuid4().hex[:6]}"
+    for name, route in ((alias, {"model": model}), (fallback, {"model": allowed, "fallbacks": [model]})):
+        response = await client.put(f"/admin/aliases/{name}", json=route, headers=ADMIN)
+        assert response.status_code == 200, response.text
+    for name in (alias, fallback):
+        response = await client.post(
+            "/v1/chat/completions", json=chat_body(name, {"role": "user", "content": "Hi"}), headers=headers
+        )
+        refused(response, 403, "model_not_allowed")
+    assert await pending_of(app, key_id) == []
+    listed = {m["id"] for m in (await client.get("/v1/models", headers=headers)).json()["data"]}
+    assert alias not in listed and model not in listed
