@@ -112,6 +112,13 @@ async def test_a_switch_moves_the_session_and_the_next_job_of_the_new_model_goes
         socket.say(switchable_info(second, [first, second]))
         await until(lambda: connection.model_name == second)
 
+        # The shared record is written after the connection's own state: other replicas see it a moment
+        # later (a loaded machine showed the gap).
+        async def recorded() -> bool:
+            record = await session_of(app, connection.session_id)
+            return record is not None and record.serves == second
+
+        await until(recorded)
         record = await session_of(app, connection.session_id)
         assert record is not None and record.serves == second and record.switch is None
         assert record.last_switch is not None and record.last_switch.outcome == "ready"
