@@ -18,7 +18,7 @@ in the window are counted from each stream's first and last token's arrival (the
 between). Each process's idle CPU (measured before, with nothing streaming) is subtracted. The paths are
 alternated (their order rotates from one repetition to the next) and the figures add up the repetitions.
 Reported per path: CPU per relayed token of each process (µs), tokens per CPU-second, the ratio to the bare
-relay, the pace the streams kept (tokens a second a stream), errors. A pace far below the asked one means
+relay, the pace the streams kept (tokens a second a stream, as the load generator saw them), errors. A pace far below the asked one means
 the machine could not keep up: tokens then bunch, and per-token figures flatter every path.
 
 Then the real model (the bundled CPU backend with SmolLM2, full mode only): a few streams on the bare relay,
@@ -353,7 +353,8 @@ async def run(args: argparse.Namespace) -> Report:
                 supply = ChatSupply(api, users)
                 per_task = int((min(level.answer_seconds, 5.0) + window + 2) / level.answer_seconds) + 2
                 tasks_per_user = -(-level.streams // len(users))
-                await supply.fill(per_task * tasks_per_user * reps)
+                # At most 30 a user beforehand (a stream that finds none makes one: a request more).
+                await supply.fill(min(30, per_task * tasks_per_user * reps))
                 paths = make_paths(client, api, supply, urls, INSTANT_MODEL, tokens)
                 runs["instant", level.streams] = await measure_paths(
                     f"{level.streams} streams", paths, processes, level, cpu, reps, window
@@ -607,7 +608,10 @@ async def _profiles(
         entry: dict[str, object] = {"requests": load.requests, "errors": load.errors}
         for process, profile in sampled.profiles.items():
             if profile is None or profile.samples == 0:
-                report.notes.append(f"profile under {scenario}: py-spy sampled nothing of the {process}")
+                errors = " | ".join(sampled.errors)[:300]
+                report.notes.append(
+                    f"profile under {scenario}: py-spy sampled nothing of the {process} {errors}"
+                )
                 continue
             busy = 100 * sampled.cpu[process] / sampled.wall if sampled.wall > 0 else None
             report.tables.append(
