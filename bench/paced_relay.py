@@ -66,6 +66,7 @@ OURS = (OURS_V1, CHAT_API)
 # The targets of issue 29: server + worker CPU per token against the bare relay's, and the worker's alone.
 GOALS = {OURS_V1: 1.5, CHAT_API: 2.0}
 WORKER_GOAL = 0.3
+WORKER_SLOTS = 256  # the most a worker takes (OASST_WORKER_MAX_PARALLEL_REQUESTS)
 MAX_USERS = 100  # the streams share this many users (the per-user limits are off in the benchmarks)
 
 Request = Callable[[int, int], Awaitable[StreamResult]]
@@ -331,9 +332,10 @@ async def run(args: argparse.Namespace) -> Report:
             urls[LITELLM] = (url, key)
             pids[LITELLM] = tree_pids(pid)
         most = max(level.streams for level in levels)
-        server, worker = _stack(bench, args, backend, INSTANT_MODEL, max(2, min(most, 1024)))
+        server, workers = _stack(bench, args, backend, INSTANT_MODEL, max(2, most))
         urls[OURS_V1] = (server.url, None)
-        pids["server"], pids["worker"] = [server.pid], [worker.proc.pid]
+        pids["server"], pids["worker"] = [server.pid], [w.proc.pid for w in workers]
+        report.params["workers"] = len(workers)
         pids["backend"] = [bench.processes[0].proc.pid]
         pids["load generator"] = [os.getpid()]
         cpu = Cpu(pids)
@@ -367,7 +369,7 @@ async def run(args: argparse.Namespace) -> Report:
                 report,
                 args,
                 bench.log_dir,
-                {"server": server.pid, "worker": worker.proc.pid},
+                {"server": server.pid, "worker": workers[0].proc.pid},
                 lambda supply: make_paths(client, api, supply, urls, INSTANT_MODEL, tokens),
                 api,
                 users,
@@ -401,12 +403,12 @@ async def _real_model(
         backend = bench.start_cpu_backend()
         backend_pid = bench.processes[0].proc.pid
         bare_url, bare_pid = bench.start_bare_relay(backend, upstream="tgi")
-        server, worker = _stack(bench, args, backend, MODEL_NAME, max(2, level.streams))
+        server, workers = _stack(bench, args, backend, MODEL_NAME, max(2, level.streams))
         cpu = Cpu(
             {
                 BARE: [bare_pid],
                 "server": [server.pid],
-                "worker": [worker.proc.pid],
+                "worker": [w.proc.pid for w in workers],
                 "backend": [backend_pid],
                 "load generator": [os.getpid()],
             }
@@ -446,13 +448,18 @@ async def _real_model(
 
 def _stack(
     bench: BenchRun, args: argparse.Namespace, backend: str, model: str, slots: int
-) -> tuple[Server, ManagedProcess]:
-    """A server (its database pool as ``--db-pool`` says) and one worker of ``model`` with ``slots`` slots."""
+) -> tuple[Server, list[ManagedProcess]]:
+    """A server (its database pool as ``--db-pool`` says) and workers of ``model`` with ``slots`` slots in
+    all (a worker has at most WORKER_SLOTS)."""
     extra = {"OASST_SERVER_DATABASE_POOL_SIZE": str(args.db_pool)} if args.db_pool else {}
     server = bench.start_server(bench.database(), bench.redis_prefix(), **extra)
-    worker = bench.start_worker(server.url, backend, model=model, max_parallel=slots)
-    wait_workers(server.url, model, 1)
-    return server, worker
+    count = -(-slots // WORKER_SLOTS)
+    workers = [
+        bench.start_worker(server.url, backend, model=model, max_parallel=-(-slots // count))
+        for _ in range(count)
+    ]
+    wait_workers(server.url, model, count)
+    return server, workers
 
 
 def _level_tables(
