@@ -26,7 +26,8 @@ ours /v1 and our chat API, measured the same way. Last, py-spy samples the serve
 paced load of /v1 (and of the chat API in full mode) and the top of each profile goes into the report.
 
     python -m bench.paced_relay                  # full (LiteLLM installed into a throwaway venv)
-    python -m bench.paced_relay --tiny           # CI: under a minute, no LiteLLM, no real model
+    python -m bench.paced_relay --tiny           # CI: about a minute, no LiteLLM, no real model; the CPU and
+                                                 # tokens of each whole run rather than of a window
     python -m bench.paced_relay --levels 100 --rate 25 --window 10 --skip-litellm --skip-model
 """
 
@@ -172,10 +173,13 @@ class Cpu:
         }
 
 
-async def paced_window(request: Request, level: Level, cpu: Cpu, stagger: float, window: float) -> Window:
+async def paced_window(
+    request: Request, level: Level, cpu: Cpu, stagger: float, window: float, *, whole: bool = False
+) -> Window:
     """``level.streams`` streams back to back, their starts spread over ``stagger`` seconds; the CPU of every
     process across ``window`` seconds once all run. New streams stop at the window's end; the ones open then
-    finish before this returns."""
+    finish before this returns. ``whole`` (tiny mode): the CPU and the tokens of the whole run instead, from
+    before the first request to the last stream's end (a slow machine cannot leave the window empty)."""
     results: list[StreamResult] = []
     start = time.perf_counter()
     t0 = start + stagger + min(1.0, level.answer_seconds / 4)
@@ -195,9 +199,15 @@ async def paced_window(request: Request, level: Level, cpu: Cpu, stagger: float,
         after, w1 = cpu.read(), time.perf_counter()
         return before, after, w1 - w0
 
-    streams = asyncio.gather(*(stream(k) for k in range(level.streams)))
-    (before, after, wall), _ = await asyncio.gather(marks(), streams)
-    w0 = t1 - wall
+    if whole:
+        before = cpu.read()
+        await asyncio.gather(*(stream(k) for k in range(level.streams)))
+        after, end = cpu.read(), time.perf_counter()
+        w0, t1, wall = start, end, end - start
+    else:
+        streams = asyncio.gather(*(stream(k) for k in range(level.streams)))
+        (before, after, wall), _ = await asyncio.gather(marks(), streams)
+        w0 = t1 - wall
     tokens = sum(tokens_in(r, w0, t1) for r in results)
     paces = [
         r.decode_rate
@@ -265,6 +275,7 @@ async def measure_paths(
     cpu: Cpu,
     reps: int,
     window: float,
+    whole: bool = False,
 ) -> dict[str, PathRuns]:
     """Every path ``reps`` times, alternated (the order rotates by one each repetition)."""
     names = list(paths)
@@ -273,7 +284,7 @@ async def measure_paths(
     for rep in range(reps):
         for j in range(len(names)):
             name = names[(rep + j) % len(names)]
-            measured = await paced_window(paths[name], level, cpu, stagger, window)
+            measured = await paced_window(paths[name], level, cpu, stagger, window, whole=whole)
             runs[name].windows.append(measured)
             us = (
                 1e6 * sum(measured.cpu[p] for p in processes[name]) / measured.tokens
@@ -359,7 +370,7 @@ async def run(args: argparse.Namespace) -> Report:
                 await supply.fill(min(30, per_task * tasks_per_user * reps))
                 paths = make_paths(client, api, supply, urls, INSTANT_MODEL, tokens)
                 runs["instant", level.streams] = await measure_paths(
-                    f"{level.streams} streams", paths, processes, level, cpu, reps, window
+                    f"{level.streams} streams", paths, processes, level, cpu, reps, window, whole=args.tiny
                 )
                 loads.append(os.getloadavg()[0])
             _level_tables(report, runs, levels, args.rate)
