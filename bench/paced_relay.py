@@ -313,7 +313,7 @@ async def run(args: argparse.Namespace) -> Report:
     profile_seconds = args.profile_seconds or (1.0 if args.tiny else 8.0)
     report = Report(
         "paced_relay",
-        "Tokens at the model's pace: CPU per relayed token of each process, beside the bare relay and LiteLLM",
+        "7b. Tokens at the model's pace: CPU per relayed token of each process, beside the bare relay and LiteLLM",
         args.tiny,
         params={
             "streams": [level.streams for level in levels],
