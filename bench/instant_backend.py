@@ -12,6 +12,10 @@ chunks. The first token is written on its own so that time to first token is rea
 written ``--chunk`` at a time (one socket write each) so the backend spends little CPU on a shared
 machine. ``--token-delay`` paces the stream instead (seconds between chunks).
 
+``--token-rate R`` paces it the way a batching model does: one token per write, every stream's next token
+released at the next tick of one clock shared by all streams (R ticks a second), so the tokens of all
+streams arrive at the same moments, one backend event each (bench/paced_relay.py).
+
 This is a benchmark tool, not a test fake: it has no fault injection and checks little.
 
     python -m bench.instant_backend --port 8011
@@ -57,9 +61,11 @@ def approximate_tokens(text: str) -> int:
 
 
 class InstantBackend:
-    def __init__(self, chunk: int = 8, token_delay: float = 0.0):
-        self.chunk = max(1, chunk)
+    def __init__(self, chunk: int = 8, token_delay: float = 0.0, token_rate: float = 0.0):
+        # Paced by a rate: one token per write, each at a tick of the shared clock.
+        self.chunk = 1 if token_rate > 0 else max(1, chunk)
         self.token_delay = token_delay
+        self.tick = 1 / token_rate if token_rate > 0 else 0.0
         self.info = {
             "model_id": MODEL_ID,
             "model_dtype": "none",
@@ -246,7 +252,10 @@ class InstantBackend:
 
     async def _write(self, send: Send, lines: list[bytes], *, more: bool) -> None:
         await send({"type": "http.response.body", "body": b"".join(lines), "more_body": more})
-        if self.token_delay > 0:
+        if self.tick > 0 and more:
+            # Until the next tick of the clock every stream shares (a batching model's decode step).
+            await asyncio.sleep(self.tick - time.monotonic() % self.tick)
+        elif self.token_delay > 0:
             await asyncio.sleep(self.token_delay)
         else:
             await asyncio.sleep(0)  # let other streams run between chunks
@@ -297,8 +306,15 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8011)
     parser.add_argument("--chunk", type=int, default=8, help="tokens per socket write after the first")
     parser.add_argument("--token-delay", type=float, default=0.0, help="seconds to wait after each write")
+    parser.add_argument(
+        "--token-rate",
+        type=float,
+        default=0.0,
+        help="tokens a second per stream, one a write, on a clock all streams share (overrides the other two)",
+    )
     args = parser.parse_args()
-    serve(InstantBackend(chunk=args.chunk, token_delay=args.token_delay), args.host, args.port)
+    backend = InstantBackend(chunk=args.chunk, token_delay=args.token_delay, token_rate=args.token_rate)
+    serve(backend, args.host, args.port)
 
 
 def serve(app: Any, host: str, port: int) -> None:

@@ -41,6 +41,7 @@ SCRIPTS = [
     "user_load",
     "litellm_compare",
     "relay_targets",
+    "paced_relay",
     "profile_hot_path",
     "scheduling",
     "many_streams",

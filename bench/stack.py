@@ -100,20 +100,24 @@ class BenchRun:
         if process in self.processes:
             self.processes.remove(process)
 
-    def start_instant_backend(self, *, chunk: int = 8, token_delay: float = 0.0) -> str:
+    def start_instant_backend(
+        self, *, chunk: int = 8, token_delay: float = 0.0, token_rate: float = 0.0
+    ) -> str:
         port = free_port()
         argv = [sys.executable, str(BENCH_DIR / "instant_backend.py"), "--port", str(port)]
-        argv += ["--chunk", str(chunk), "--token-delay", str(token_delay)]
+        argv += ["--chunk", str(chunk), "--token-delay", str(token_delay), "--token-rate", str(token_rate)]
         process = self.spawn("instant-backend", argv)
         url = f"http://127.0.0.1:{port}"
         wait_http_ok(f"{url}/health", process, timeout=30)
         return url
 
-    def start_bare_relay(self, backend_url: str) -> tuple[str, int]:
-        """The bare relay (bench/bare_relay.py) in front of ``backend_url``: its URL and process id."""
+    def start_bare_relay(self, backend_url: str, *, upstream: str = "openai") -> tuple[str, int]:
+        """The bare relay (bench/bare_relay.py) in front of ``backend_url``: its URL and process id
+        (``upstream`` "tgi": the relay that turns the backend's TGI stream into OpenAI chunks)."""
         port = free_port()
         argv = [sys.executable, "-m", "bench.bare_relay", "--port", str(port), "--backend", backend_url]
-        process = self.spawn("bare-relay", argv, {"PYTHONPATH": str(ROOT)})
+        argv += ["--upstream", upstream]
+        process = self.spawn(f"bare-relay-{upstream}", argv, {"PYTHONPATH": str(ROOT)})
         url = f"http://127.0.0.1:{port}"
         wait_http_ok(f"{url}/health", process, timeout=30)
         return url, process.proc.pid
