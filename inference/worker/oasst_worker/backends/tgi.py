@@ -43,6 +43,7 @@ _RETRYABLE = (
     tgi_errors.IncompleteGenerationError,
     tgi_errors.UnknownError,
 )
+_TOKENIZER_TIMEOUT = 10.0  # seconds, for /tokenize and /detokenize
 _FINISH_REASONS = {"length": "length", "eos_token": "eos_token", "stop_sequence": "stop_sequence"}
 
 
@@ -156,30 +157,16 @@ class TgiBackend(GenerationBackend):
 
     async def detokenize(self, token_ids: list[int]) -> str | None:
         """``/detokenize``'s text: TGI has none (None), the bundled CPU backend has (vLLM's shape)."""
-        try:
-            response = await self._http.post("/detokenize", json={"tokens": token_ids})
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        try:
-            text = response.json().get("prompt")
-        except (ValueError, AttributeError):
-            return None
+        answer = await self._session.post_for_json(
+            "/detokenize", {"tokens": token_ids}, timeout=_TOKENIZER_TIMEOUT
+        )
+        text = answer.get("prompt") if isinstance(answer, dict) else None
         return text if isinstance(text, str) else None
 
     async def _tokenize(self, text: str) -> list[object] | None:
-        """``/tokenize``'s tokens (``{"id", "text", "start", "stop"}`` each)."""
-        try:
-            response = await self._http.post("/tokenize", json={"inputs": text})
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        try:
-            tokens = response.json()
-        except ValueError:
-            return None
+        """``/tokenize``'s tokens (``{"id", "text", "start", "stop"}`` each), through the streams' pooled
+        session (a count follows most answers)."""
+        tokens = await self._session.post_for_json("/tokenize", {"inputs": text}, timeout=_TOKENIZER_TIMEOUT)
         return tokens if isinstance(tokens, list) else None
 
     def generate_stream(

@@ -17,6 +17,7 @@ response or an error event). What differs from ``AsyncClient.generate_stream``:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any, Literal
 
@@ -62,6 +63,7 @@ class StreamEvent(msgspec.Struct):
 
 # strict=False: the lax conversions pydantic's models allowed (an id of "5", a logprob of 1).
 _decoder = msgspec.json.Decoder(StreamEvent, strict=False)
+_encoder = msgspec.json.Encoder()
 
 
 def decode_event(data: bytes, status: int) -> StreamEvent:
@@ -139,6 +141,22 @@ class TgiSession:
         :func:`finish`)."""
         all_headers = {"Content-Type": "application/json", **(headers or {})}
         return await self._get().post(f"{self._base_url}{path}", data=body, headers=all_headers, timeout=timeout)
+
+    async def post_for_json(self, path: str, payload: object, *, timeout: float) -> object:
+        """The JSON a 200 answer to a JSON POST holds; None for any other status, a failed request or a
+        body that is not JSON (what the tokenizer's endpoints are asked: the caller does without)."""
+        try:
+            async with self._get().post(
+                f"{self._base_url}{path}",
+                data=_encoder.encode(payload),
+                headers={"Content-Type": "application/json"},
+                timeout=ClientTimeout(total=timeout),
+            ) as response:
+                if response.status != 200:
+                    return None
+                return msgspec.json.decode(await response.read())
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, msgspec.DecodeError):
+            return None
 
     async def close(self) -> None:
         if self._session is not None:
