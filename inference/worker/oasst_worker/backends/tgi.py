@@ -22,15 +22,8 @@ from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.deadlines import StepDeadline
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.backends.tgi_stream import (
-    SseLines,
-    TgiSession,
-    TgiToken,
-    cached_tokens,
-    decode_event,
-    finish,
-    request_body,
-)
+from oasst_worker.backends.pooled_session import PooledSession, finish
+from oasst_worker.backends.tgi_stream import SseLines, TgiToken, cached_tokens, decode_event, request_body
 
 # The backend has no room or is not up yet: not the message's fault.
 _UNAVAILABLE = (tgi_errors.OverloadedError, tgi_errors.ShardNotReadyError, tgi_errors.RateLimitExceededError)
@@ -122,7 +115,7 @@ class TgiBackend(GenerationBackend):
         self._generation_timeout = ClientTimeout(int(max(1, generation_timeout)))
         self._token_timeout = token_timeout
         self._http = httpx.AsyncClient(base_url=self._base_url, timeout=httpx.Timeout(10.0))
-        self._session = TgiSession(self._base_url)  # the streams' pooled connections
+        self._session = PooledSession(self._base_url)  # the streams' pooled connections
 
     async def info(self) -> BackendInfo:
         try:

@@ -5,10 +5,7 @@ The request is still ``text_generation``'s (its request and parameter models che
 ``AsyncClient`` does, once per request), and errors are still its errors (``parse_error`` of an error
 response or an error event). What differs from ``AsyncClient.generate_stream``:
 
-* the session and its connections are kept open across requests (a new session per request cost a TCP
-  connect and a session's setup per answer); a connection goes back to the pool only once its stream
-  ended cleanly, and one idle for :data:`KEEPALIVE_SECONDS` is closed first (before uvicorn's five
-  seconds close it under a request);
+* the session and its connections are kept open across requests (:mod:`.pooled_session`);
 * the stream is read a network read at a time (:class:`SseLines`), not a line at a time: the tokens of
   one read are decoded in one go, and the stall deadline is checked once per read;
 * the final event's ``details.cached_tokens`` (the bundled CPU backend's count of the prompt tokens its
@@ -17,19 +14,14 @@ response or an error event). What differs from ``AsyncClient.generate_stream``:
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, Literal
 
 import aiohttp
 import msgspec
-from aiohttp import ClientResponse, ClientTimeout
 from text_generation.errors import parse_error
 from text_generation.types import Parameters, Request
 
-# Idle pooled connections are closed after this long: under uvicorn's keep-alive timeout (5 s), so the
-# backend never closes a connection the worker is just sending a request on.
-KEEPALIVE_SECONDS = 3.0
 # A line of the stream longer than this is not an event of any backend: the stream is refused.
 MAX_LINE_BYTES = 16 * 1024 * 1024
 
@@ -63,7 +55,6 @@ class StreamEvent(msgspec.Struct):
 
 # strict=False: the lax conversions pydantic's models allowed (an id of "5", a logprob of 1).
 _decoder = msgspec.json.Decoder(StreamEvent, strict=False)
-_encoder = msgspec.json.Encoder()
 
 
 def decode_event(data: bytes, status: int) -> StreamEvent:
@@ -84,7 +75,7 @@ def cached_tokens(details: StreamDetails) -> int | None:
 
 
 class SseLines:
-    """Splits a server-sent event stream's bytes into its ``data:`` payloads, a network read at a time."""
+    """Splits a server-sent event stream's bytes (TGI's, an OpenAI server's) into its ``data:`` payloads, a network read at a time."""
 
     __slots__ = ("_rest",)
 
@@ -119,55 +110,3 @@ def request_body(prompt: str, *, stop_sequences: list[str] | None = None, **para
         ),
     )
     return request.model_dump_json().encode()
-
-
-class TgiSession:
-    """One backend's pooled HTTP session (made on first use, in the running event loop)."""
-
-    def __init__(self, base_url: str) -> None:
-        self._base_url = base_url.rstrip("/")
-        self._session: aiohttp.ClientSession | None = None
-
-    def _get(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
-            self._session = aiohttp.ClientSession(connector=connector)
-        return self._session
-
-    async def post(
-        self, path: str, body: bytes, *, headers: dict[str, str] | None, timeout: ClientTimeout
-    ) -> ClientResponse:
-        """The response to a JSON POST (its headers read; the body is the caller's to read and to
-        :func:`finish`)."""
-        all_headers = {"Content-Type": "application/json", **(headers or {})}
-        return await self._get().post(f"{self._base_url}{path}", data=body, headers=all_headers, timeout=timeout)
-
-    async def post_for_json(self, path: str, payload: object, *, timeout: float) -> object:
-        """The JSON a 200 answer to a JSON POST holds; None for any other status, a failed request or a
-        body that is not JSON (what the tokenizer's endpoints are asked: the caller does without)."""
-        try:
-            async with self._get().post(
-                f"{self._base_url}{path}",
-                data=_encoder.encode(payload),
-                headers={"Content-Type": "application/json"},
-                timeout=ClientTimeout(total=timeout),
-            ) as response:
-                if response.status != 200:
-                    return None
-                return msgspec.json.decode(await response.read())
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, msgspec.DecodeError):
-            return None
-
-    async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
-
-
-def finish(response: ClientResponse) -> None:
-    """Give the response's connection back to the pool if its body was read to the end, else close it
-    (a stream left early: closing it tells the backend to stop generating)."""
-    if response.content.at_eof():
-        response.release()
-    else:
-        response.close()
