@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
 import aiohttp
@@ -385,14 +385,14 @@ class OpenAiBackend(GenerationBackend):
         usage = ChunkUsage()
         calls = _ToolCallAssembler()
         try:
-            response = await self._within(
+            response = opened = await self._within(
                 self._streams.post(path, json.dumps(body).encode(), headers=None, timeout=_STREAM_TIMEOUT),
                 deadline,
             )
-            if response.status != 200:
-                content = await self._within(response.read(), deadline)
-                raise status_error(httpx.Response(response.status, content=content))
-            reader = response.content
+            if opened.status != 200:
+                content = await self._within(opened.read(), deadline)
+                raise status_error(httpx.Response(opened.status, content=content))
+            reader = opened.content
             lines = SseLines()
             done = False
             while not done:
@@ -430,7 +430,9 @@ class OpenAiBackend(GenerationBackend):
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, OSError) as exc:
             # Reset or closed after the request was sent: the backend may have died of it.
             raise BackendError(
-                f"backend connection failed: {type(exc).__name__}: {exc}", retryable=True, connection_lost=True
+                f"backend connection failed: {type(exc).__name__}: {exc}",
+                retryable=True,
+                connection_lost=True,
             ) from None
         except aiohttp.ClientError as exc:
             raise BackendError(

@@ -39,7 +39,9 @@ class PooledSession:
         """The response to a JSON POST (its headers read; the body is the caller's to read and to
         :func:`finish`)."""
         all_headers = {"Content-Type": "application/json", **(headers or {})}
-        return await self._get().post(f"{self._base_url}{path}", data=body, headers=all_headers, timeout=timeout)
+        return await self._get().post(
+            f"{self._base_url}{path}", data=body, headers=all_headers, timeout=timeout
+        )
 
     async def post_for_json(self, path: str, payload: object, *, timeout: float) -> object:
         """The JSON a 200 answer to a JSON POST holds; None for any other status, a failed request or a

@@ -20,9 +20,9 @@ from oasst_shared.logprobs import TokenLogprob, TopLogprob, token_bytes
 from oasst_shared.protocol import ANSWER_START_HEADER
 from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.deadlines import StepDeadline
+from oasst_worker.backends.pooled_session import PooledSession, finish
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.backends.pooled_session import PooledSession, finish
 from oasst_worker.backends.tgi_stream import SseLines, TgiToken, cached_tokens, decode_event, request_body
 
 # The backend has no room or is not up yet: not the message's fault.
@@ -185,7 +185,9 @@ class TgiBackend(GenerationBackend):
             body = request_body(prompt, **tgi_parameters(params, max_new_tokens))
             deadline = StepDeadline(stall=self._token_timeout)
             response = await deadline.step(
-                self._session.post("/generate_stream", body, headers=headers, timeout=self._generation_timeout)
+                self._session.post(
+                    "/generate_stream", body, headers=headers, timeout=self._generation_timeout
+                )
             )
             status = response.status
             if status != 200:
