@@ -47,6 +47,10 @@ class Sender:
     async def send(self, frame: BaseModel | TokenFrame) -> None:
         self.sent.append(frame)
 
+    def queue_token(self, frame: TokenFrame) -> bool:
+        self.sent.append(frame)
+        return True
+
 
 def work(message_id: str) -> str:
     return dump_frame(

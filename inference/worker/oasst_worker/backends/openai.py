@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Literal, TypeVar
 
+import aiohttp
 import httpx
 from loguru import logger
 from pydantic import ValidationError
@@ -42,8 +43,10 @@ from oasst_worker.backends.openai_wire import (
     TokenizeAnswer,
     ToolCallDelta,
 )
+from oasst_worker.backends.pooled_session import PooledSession, finish
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.backends.tgi_stream import SseLines
 
 OpenAiMode = Literal["completions", "chat"]
 ResponseFormatStyle = Literal["openai", "llama-cpp-python"]
@@ -51,6 +54,9 @@ ResponseFormatStyle = Literal["openai", "llama-cpp-python"]
 # The request itself is bad: every worker's backend would refuse it.
 _NOT_RETRYABLE_STATUS = frozenset({400, 413, 422})
 _UNAVAILABLE_STATUS = frozenset({429, 500, 502, 503, 504})
+# The streams' connect and header bounds, as httpx's 10 s timeout bounded them (stalls and overruns of a
+# generation are timed by us, between tokens, not bytes: servers send keep-alive comments).
+_STREAM_TIMEOUT = aiohttp.ClientTimeout(total=None, connect=10.0, sock_read=None)
 # The servers' tokenizer endpoints, tried in this order; the first that answers is kept.
 _TOKENIZE_PROBES: tuple[tuple[str, str], ...] = (
     ("/tokenize", "prompt"),  # vLLM -> {"count", "tokens"}
@@ -187,26 +193,25 @@ def _stream_error(chunk: CompletionChunk) -> BackendError:
     )
 
 
-async def _sse_data(response: httpx.Response) -> AsyncGenerator[CompletionChunk, None]:
-    """The chunks of a server-sent event stream, up to ``data: [DONE]``."""
-    async for line in response.aiter_lines():
-        if not line.startswith("data:"):
-            continue  # blank separators, comments (keep-alive pings), event names
-        payload = line[5:].strip()
-        if payload == "[DONE]":
-            return
+def _chunks(lines: SseLines, data: bytes) -> tuple[list[CompletionChunk], bool]:
+    """The chunks of one network read of a server-sent event stream, and whether ``data: [DONE]`` came
+    (what follows it is not read)."""
+    chunks: list[CompletionChunk] = []
+    for line in lines.feed(data):
+        payload = line.strip()
+        if payload == b"[DONE]":
+            return chunks, True
         if not payload:
             continue
         try:
-            chunk = json.loads(payload)
-        except ValueError:
-            raise BackendError(f"the backend sent malformed JSON: {payload[:200]}", retryable=True) from None
-        try:
-            yield CompletionChunk.model_validate(chunk)
-        except ValidationError:  # not an object, or choices that are not
-            raise BackendError(
-                f"the backend sent an unexpected event: {payload[:200]}", retryable=True
-            ) from None
+            chunks.append(CompletionChunk.model_validate_json(payload))
+        except ValidationError as exc:
+            text = payload[:200].decode(errors="replace")
+            if exc.errors()[0]["type"] == "json_invalid":
+                raise BackendError(f"the backend sent malformed JSON: {text}", retryable=True) from None
+            # not an object, or choices that are not
+            raise BackendError(f"the backend sent an unexpected event: {text}", retryable=True) from None
+    return chunks, False
 
 
 class OpenAiBackend(GenerationBackend):
@@ -232,6 +237,8 @@ class OpenAiBackend(GenerationBackend):
         # Stalls and overruns of a generation are timed by us (between tokens, not bytes: servers send
         # keep-alive comments); httpx bounds only the short requests and the connect.
         self._http = httpx.AsyncClient(base_url=self._base_url, headers=headers, timeout=httpx.Timeout(10.0))
+        # The streams: one pooled aiohttp session (httpx's per-read cost was most of a token's).
+        self._streams = PooledSession(self._base_url, headers)
         self._health_path: str | None = None
         self._tokenize_probe: int | None = None
         self._tokenize_unsupported = False
@@ -372,62 +379,69 @@ class OpenAiBackend(GenerationBackend):
         body = {**body, "stream": True, "stream_options": {"include_usage": True}}
         deadline = StepDeadline(stall=self._token_timeout, total=self._generation_timeout)
         stops_sent = bool(body.get("stop"))
-        response: httpx.Response | None = None
-        events: AsyncGenerator[CompletionChunk, None] | None = None
+        response: aiohttp.ClientResponse | None = None
         texts: list[str] = []
         final: ChunkChoice | None = None
         usage = ChunkUsage()
         calls = _ToolCallAssembler()
         try:
-            request = self._http.build_request("POST", path, json=body)
-            response = await self._within(self._http.send(request, stream=True), deadline)
-            if response.status_code != 200:
-                await self._within(response.aread(), deadline)
-                raise status_error(response)
-            events = _sse_data(response)
-            while True:
+            response = opened = await self._within(
+                self._streams.post(path, json.dumps(body).encode(), headers=None, timeout=_STREAM_TIMEOUT),
+                deadline,
+            )
+            if opened.status != 200:
+                content = await self._within(opened.read(), deadline)
+                raise status_error(httpx.Response(opened.status, content=content))
+            reader = opened.content
+            lines = SseLines()
+            done = False
+            while not done:
                 try:
-                    chunk = await self._within(events.__anext__(), deadline)
-                except StopAsyncIteration:
-                    break
+                    data = await self._within(reader.readany(), deadline)
+                    if not data:
+                        break
+                    chunks, done = _chunks(lines, data)
                 except BackendError:
                     if final is not None:
                         break  # the answer is complete; only the usage or [DONE] did not come
                     raise
-                if chunk.is_error:
-                    raise _stream_error(chunk)
-                if chunk.usage is not None:
-                    usage = chunk.usage
-                for choice in chunk.choices or []:
-                    text = choice.content(chat)
-                    entries = _logprob_entries(choice.logprobs) if logprobs else []
-                    if text or entries:
-                        texts.append(text)
-                        # One entry per streamed piece: the first carries them all, the rest none.
-                        for i, entry in enumerate(entries or [None]):
-                            yield StreamedToken(text=text if i == 0 else "", logprobs=entry)
-                    if choice.delta is not None and choice.delta.tool_calls:
-                        calls.add(choice.delta.tool_calls)
-                    if choice.finish_reason:
-                        final = choice
-        except httpx.TransportError as exc:
-            refused = isinstance(exc, (httpx.ConnectError, httpx.ConnectTimeout))
+                for chunk in chunks:
+                    if chunk.is_error:
+                        raise _stream_error(chunk)
+                    if chunk.usage is not None:
+                        usage = chunk.usage
+                    for choice in chunk.choices or []:
+                        text = choice.content(chat)
+                        entries = _logprob_entries(choice.logprobs) if logprobs else []
+                        if text or entries:
+                            texts.append(text)
+                            # One entry per streamed piece: the first carries them all, the rest none.
+                            for i, entry in enumerate(entries or [None]):
+                                yield StreamedToken(text=text if i == 0 else "", logprobs=entry)
+                        if choice.delta is not None and choice.delta.tool_calls:
+                            calls.add(choice.delta.tool_calls)
+                        if choice.finish_reason:
+                            final = choice
+        except aiohttp.ClientConnectorError as exc:
+            # Refused before a byte was read: the backend is down, the message did nothing wrong.
+            raise BackendError(
+                f"backend connection failed: {type(exc).__name__}: {exc}", retryable=True, unavailable=True
+            ) from None
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientPayloadError, OSError) as exc:
+            # Reset or closed after the request was sent: the backend may have died of it.
             raise BackendError(
                 f"backend connection failed: {type(exc).__name__}: {exc}",
                 retryable=True,
-                # Refused before a byte was read: the backend is down, the message did nothing wrong.
-                unavailable=response is None and refused,
-                # Reset or closed after the request was sent: the backend may have died of it.
-                connection_lost=isinstance(
-                    exc, (httpx.ReadError, httpx.WriteError, httpx.RemoteProtocolError)
-                ),
+                connection_lost=True,
+            ) from None
+        except aiohttp.ClientError as exc:
+            raise BackendError(
+                f"backend connection failed: {type(exc).__name__}: {exc}", retryable=True
             ) from None
         finally:
-            # Closing the response closes the connection, so the server stops generating.
-            if events is not None:
-                await events.aclose()
+            # A stream left early is closed, so the server stops generating.
             if response is not None:
-                await response.aclose()
+                finish(response)
         if final is None:
             raise BackendError("the backend stream ended without a finish reason", retryable=True)
         completion_tokens = usage.completion_tokens
@@ -454,6 +468,7 @@ class OpenAiBackend(GenerationBackend):
             ) from None
 
     async def close(self) -> None:
+        await self._streams.close()
         await self._http.aclose()
 
 

@@ -44,7 +44,7 @@ class BackendError(Exception):
         self.connection_lost = connection_lost
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # not frozen: a frozen dataclass's __init__ sets each field through object.__setattr__
 class StreamedToken:
     text: str
     token_id: int | None = None

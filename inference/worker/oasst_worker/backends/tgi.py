@@ -1,5 +1,5 @@
-"""Hugging Face text-generation-inference through its own client's request, response and error models
-(``text_generation``; the stream is read as its ``AsyncClient`` reads it, in :mod:`.tgi_stream`).
+"""Hugging Face text-generation-inference through its own client's request and error models
+(``text_generation``); the stream is read by the worker's own pooled client (:mod:`.tgi_stream`).
 
 Works with TGI and with the bundled CPU backend, which speaks the same HTTP API.
 """
@@ -10,19 +10,20 @@ import asyncio
 
 import aiohttp
 import httpx
-from aiohttp import ClientTimeout
+from aiohttp import ClientResponse, ClientTimeout
 from pydantic import BaseModel, ConfigDict, ValidationError
 from text_generation import errors as tgi_errors
+from text_generation.errors import parse_error
 from text_generation.types import Grammar, GrammarType
-from text_generation.types import Token as TgiToken
 
 from oasst_shared.logprobs import TokenLogprob, TopLogprob, token_bytes
 from oasst_shared.protocol import ANSWER_START_HEADER
 from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.deadlines import StepDeadline
+from oasst_worker.backends.pooled_session import PooledSession, finish
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.backends.tgi_stream import cached_tokens, stream_events
+from oasst_worker.backends.tgi_stream import SseLines, TgiToken, cached_tokens, decode_event, request_body
 
 # The backend has no room or is not up yet: not the message's fault.
 _UNAVAILABLE = (tgi_errors.OverloadedError, tgi_errors.ShardNotReadyError, tgi_errors.RateLimitExceededError)
@@ -35,6 +36,7 @@ _RETRYABLE = (
     tgi_errors.IncompleteGenerationError,
     tgi_errors.UnknownError,
 )
+_TOKENIZER_TIMEOUT = 10.0  # seconds, for /tokenize and /detokenize
 _FINISH_REASONS = {"length": "length", "eos_token": "eos_token", "stop_sequence": "stop_sequence"}
 
 
@@ -113,6 +115,7 @@ class TgiBackend(GenerationBackend):
         self._generation_timeout = ClientTimeout(int(max(1, generation_timeout)))
         self._token_timeout = token_timeout
         self._http = httpx.AsyncClient(base_url=self._base_url, timeout=httpx.Timeout(10.0))
+        self._session = PooledSession(self._base_url)  # the streams' pooled connections
 
     async def info(self) -> BackendInfo:
         try:
@@ -147,30 +150,16 @@ class TgiBackend(GenerationBackend):
 
     async def detokenize(self, token_ids: list[int]) -> str | None:
         """``/detokenize``'s text: TGI has none (None), the bundled CPU backend has (vLLM's shape)."""
-        try:
-            response = await self._http.post("/detokenize", json={"tokens": token_ids})
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        try:
-            text = response.json().get("prompt")
-        except (ValueError, AttributeError):
-            return None
+        answer = await self._session.post_for_json(
+            "/detokenize", {"tokens": token_ids}, timeout=_TOKENIZER_TIMEOUT
+        )
+        text = answer.get("prompt") if isinstance(answer, dict) else None
         return text if isinstance(text, str) else None
 
     async def _tokenize(self, text: str) -> list[object] | None:
-        """``/tokenize``'s tokens (``{"id", "text", "start", "stop"}`` each)."""
-        try:
-            response = await self._http.post("/tokenize", json={"inputs": text})
-        except httpx.HTTPError:
-            return None
-        if response.status_code != 200:
-            return None
-        try:
-            tokens = response.json()
-        except ValueError:
-            return None
+        """``/tokenize``'s tokens (``{"id", "text", "start", "stop"}`` each), through the streams' pooled
+        session (a count follows most answers)."""
+        tokens = await self._session.post_for_json("/tokenize", {"inputs": text}, timeout=_TOKENIZER_TIMEOUT)
         return tokens if isinstance(tokens, list) else None
 
     def generate_stream(
@@ -190,38 +179,46 @@ class TgiBackend(GenerationBackend):
         self, headers: dict[str, str] | None, prompt: str, params: SamplingParameters, max_new_tokens: int
     ) -> GenerationStream:
         generated = 0
-        stream = stream_events(
-            self._base_url,
-            prompt,
-            headers=headers,
-            timeout=self._generation_timeout,
-            **tgi_parameters(params, max_new_tokens),
-        )
+        logprobs_wanted = params.logprobs
+        response: ClientResponse | None = None
         try:
+            body = request_body(prompt, **tgi_parameters(params, max_new_tokens))
             deadline = StepDeadline(stall=self._token_timeout)
+            response = await deadline.step(
+                self._session.post(
+                    "/generate_stream", body, headers=headers, timeout=self._generation_timeout
+                )
+            )
+            status = response.status
+            if status != 200:
+                raise parse_error(status, await deadline.step(response.json()))
+            content = response.content
+            lines = SseLines()
             while True:
-                try:
-                    response, payload = await deadline.step(stream.__anext__())
-                except StopAsyncIteration:
+                # One step per network read: the stall timeout bounds the wait for the next data.
+                chunk = await deadline.step(content.readany())
+                if not chunk:
                     break
-                token = response.token
-                if not token.special:
-                    logprobs = _logprobs(token, response.top_tokens) if params.logprobs else None
-                    yield StreamedToken(
-                        text=token.text, token_id=token.id, logprob=token.logprob, logprobs=logprobs
-                    )
-                generated += 1
-                if response.details is not None:
-                    reason = str(
-                        getattr(response.details.finish_reason, "value", response.details.finish_reason)
-                    )
-                    yield GenerationResult(
-                        text=response.generated_text or "",
-                        finish_reason=_FINISH_REASONS.get(reason, "length"),
-                        generated_tokens=response.details.generated_tokens or generated,
-                        cached_tokens=cached_tokens(payload),
-                    )
-                    return
+                for data in lines.feed(chunk):
+                    event = decode_event(data, status)
+                    token = event.token
+                    if not token.special:
+                        yield StreamedToken(
+                            text=token.text,
+                            token_id=token.id,
+                            logprob=token.logprob,
+                            logprobs=_logprobs(token, event.top_tokens) if logprobs_wanted else None,
+                        )
+                    generated += 1
+                    details = event.details
+                    if details is not None:
+                        yield GenerationResult(
+                            text=event.generated_text or "",
+                            finish_reason=_FINISH_REASONS.get(details.finish_reason, "length"),
+                            generated_tokens=details.generated_tokens or generated,
+                            cached_tokens=cached_tokens(details),
+                        )
+                        return
         except tgi_errors.ValidationError as exc:
             raise BackendError(
                 f"the backend refused the request: {exc}", retryable=False, refused=True
@@ -264,10 +261,12 @@ class TgiBackend(GenerationBackend):
         except aiohttp.ClientError as exc:  # aiohttp's other errors (a malformed response...)
             raise BackendError(f"backend connection failed: {exc}", retryable=True) from None
         finally:
-            await stream.aclose()  # closes the HTTP stream, so the backend stops generating
+            if response is not None:
+                finish(response)  # a stream left early is closed, so the backend stops generating
         raise BackendError("the backend stream ended without a final result", retryable=True)
 
     async def close(self) -> None:
+        await self._session.close()
         await self._http.aclose()
 
 

@@ -1,32 +1,101 @@
-"""TGI's ``generate_stream``, sent and read as ``text_generation.AsyncClient.generate_stream`` does (its
-request and parameter models, its session per request, its error parsing), except that each event's JSON
-is kept beside the client's model of it: the final event's ``details`` of the bundled CPU backend carry
-``cached_tokens`` (the prompt tokens its prefix cache served), which the client's model drops.
+"""TGI's ``generate_stream`` read by the worker's own client: one pooled aiohttp session per backend, each
+event decoded by msgspec into a struct (no pydantic model, no ``json.loads`` per token).
+
+The request is still ``text_generation``'s (its request and parameter models check the parameters as its
+``AsyncClient`` does, once per request), and errors are still its errors (``parse_error`` of an error
+response or an error event). What differs from ``AsyncClient.generate_stream``:
+
+* the session and its connections are kept open across requests (:mod:`.pooled_session`);
+* the stream is read a network read at a time (:class:`SseLines`), not a line at a time: the tokens of
+  one read are decoded in one go, and the stall deadline is checked once per read;
+* the final event's ``details.cached_tokens`` (the bundled CPU backend's count of the prompt tokens its
+  prefix cache served) is kept, which the client's model drops.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, Literal
 
-from aiohttp import ClientSession, ClientTimeout
-from pydantic import ValidationError
+import aiohttp
+import msgspec
 from text_generation.errors import parse_error
-from text_generation.types import Parameters, Request, StreamResponse
+from text_generation.types import Parameters, Request
+
+# A line of the stream longer than this is not an event of any backend: the stream is refused.
+MAX_LINE_BYTES = 16 * 1024 * 1024
 
 
-async def stream_events(
-    url: str,
-    prompt: str,
-    *,
-    headers: dict[str, str] | None,
-    timeout: ClientTimeout,
-    stop_sequences: list[str] | None = None,
-    **parameters: Any,
-) -> AsyncIterator[tuple[StreamResponse, dict[str, Any]]]:
-    """Each event of the stream: the client's model of it, and its JSON. ``parameters``: the keyword
-    arguments of ``AsyncClient.generate_stream`` (``stop_sequences`` as it names them)."""
+class TgiToken(msgspec.Struct):
+    """A token of a stream event (``text_generation.types.Token``)."""
+
+    id: int
+    text: str
+    special: bool
+    logprob: float | None = None
+
+
+class StreamDetails(msgspec.Struct):
+    """The final event's details (``text_generation.types.StreamDetails``, with ``cached_tokens``)."""
+
+    finish_reason: Literal["length", "eos_token", "stop_sequence"]
+    generated_tokens: int
+    seed: int | None = None
+    cached_tokens: Any = None  # checked by :func:`cached_tokens`: a bad value is not an error
+
+
+class StreamEvent(msgspec.Struct):
+    """One event of the stream (``text_generation.types.StreamResponse``)."""
+
+    token: TgiToken
+    top_tokens: list[TgiToken] | None = None
+    generated_text: str | None = None
+    details: StreamDetails | None = None
+
+
+# strict=False: the lax conversions pydantic's models allowed (an id of "5", a logprob of 1).
+_decoder = msgspec.json.Decoder(StreamEvent, strict=False)
+
+
+def decode_event(data: bytes, status: int) -> StreamEvent:
+    """An event's JSON (after ``data:``); an error event (or any other JSON) raises the client's error for
+    it, malformed JSON raises ``ValueError``, as ``AsyncClient.generate_stream`` does."""
+    try:
+        return _decoder.decode(data)
+    except msgspec.DecodeError:
+        payload = json.loads(data)  # malformed JSON raises here, as it did
+        raise parse_error(status, payload) from None
+
+
+def cached_tokens(details: StreamDetails) -> int | None:
+    """The prompt tokens the backend's cache served (the bundled backend's ``details.cached_tokens``;
+    TGI does not tell)."""
+    value = details.cached_tokens
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+class SseLines:
+    """Splits a server-sent event stream's bytes (TGI's, an OpenAI server's) into its ``data:`` payloads, a network read at a time."""
+
+    __slots__ = ("_rest",)
+
+    def __init__(self) -> None:
+        self._rest = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        """The payloads of the complete lines so far (the blank line after each event is skipped)."""
+        if self._rest:
+            chunk = self._rest + chunk
+        lines = chunk.split(b"\n")
+        self._rest = lines.pop()
+        if len(self._rest) > MAX_LINE_BYTES:
+            raise aiohttp.ClientPayloadError(f"a line of the stream is over {MAX_LINE_BYTES} bytes")
+        return [line[5:] for line in lines if line.startswith(b"data:")]
+
+
+def request_body(prompt: str, *, stop_sequences: list[str] | None = None, **parameters: Any) -> bytes:
+    """The JSON of ``text_generation``'s streamed request (its models check ``parameters``: the keyword
+    arguments of ``AsyncClient.generate_stream``, ``stop_sequences`` as it names them)."""
     request = Request(
         inputs=prompt,
         stream=True,
@@ -40,26 +109,4 @@ async def stream_events(
             **parameters,
         ),
     )
-    async with (
-        ClientSession(headers=headers, timeout=timeout) as session,
-        session.post(url, json=request.model_dump()) as response,
-    ):
-        if response.status != 200:
-            raise parse_error(response.status, await response.json())
-        async for line in response.content:
-            if not line.startswith(b"data:"):
-                continue  # the blank line after each event
-            payload = json.loads(line[5:])
-            try:
-                event = StreamResponse(**payload)
-            except ValidationError:
-                raise parse_error(response.status, payload) from None  # an error event
-            yield event, payload
-
-
-def cached_tokens(payload: dict[str, Any]) -> int | None:
-    """The prompt tokens the backend's cache served, from a final event's JSON (the bundled backend's
-    ``details.cached_tokens``; TGI does not tell)."""
-    details = payload.get("details")
-    value = details.get("cached_tokens") if isinstance(details, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+    return request.model_dump_json().encode()

@@ -38,6 +38,7 @@ from oasst_shared.protocol import (
     parse_server_frame,
     top_level_strings,
 )
+from oasst_shared.token_frames import TokenFrame
 from oasst_worker.connection.backend_health import BackendHealth
 from oasst_worker.connection.errors import FatalWorkerError
 from oasst_worker.connection.frame_sender import FrameSender, OutgoingFrame
@@ -352,6 +353,10 @@ class WorkerClient:
         task.add_done_callback(self._background.discard)
 
     async def _send_from_job(self, frame: OutgoingFrame) -> None:
+        if type(frame) is TokenFrame:  # a job's tokens: queued at once, no coroutine per token
+            sender = self._sender
+            if sender is not None and sender.queue_token(frame):
+                return
         down = isinstance(frame, WorkerError) and (frame.backend_unavailable or frame.backend_died)
         if down and self._health.healthy:
             # The backend refused a job, or died: take no more work until its health check passes

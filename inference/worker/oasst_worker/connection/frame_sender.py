@@ -74,6 +74,15 @@ class FrameSender:
         self._wakeup.set()
         await written
 
+    def queue_token(self, frame: TokenFrame) -> bool:
+        """Queue a token without awaiting, if there is room (what :meth:`send` does for a token, minus
+        its coroutine); False if :meth:`send` must be awaited instead (full, or closed)."""
+        if self._closed or len(self._queue) >= self._max_pending:
+            return False
+        self._queue.append((frame, None))
+        self._wakeup.set()
+        return True
+
     async def run(self) -> None:
         """The writer task, for the life of the connection; ends when a write fails."""
         batch: list[_Queued] = []

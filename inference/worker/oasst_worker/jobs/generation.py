@@ -97,6 +97,7 @@ class GenerationJob:
         self.cancel_requested = False
         self._text: list[str] = []
         self._generated = 0
+        self._streamed = 0  # backend tokens read (the tokens metric, counted once per job)
         self._prompt_count: PromptCount | None = None  # set once the prompt is built
         self._started = time.monotonic()
         self._first_token_at: float | None = None
@@ -112,6 +113,7 @@ class GenerationJob:
             outcome = await self._run(send)
         finally:
             metrics.IN_FLIGHT.dec()
+            metrics.TOKENS.inc(self._streamed)
         metrics.JOBS.labels(outcome).inc()
         if self._first_token_at is not None and self._generated > 1:
             elapsed = time.monotonic() - self._first_token_at
@@ -234,10 +236,10 @@ class GenerationJob:
                     self._cached_tokens = item.cached_tokens
                     break
                 self._generated += 1
+                self._streamed += 1
                 if self._first_token_at is None:
                     self._first_token_at = time.monotonic()
                     metrics.TIME_TO_FIRST_TOKEN.observe(self._first_token_at - self._started)
-                metrics.TOKENS.inc()
                 if item.logprobs is not None:
                     self._logprobs.append(item.logprobs)
                 released = stops.push(item.text)

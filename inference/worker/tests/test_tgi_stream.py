@@ -1,0 +1,114 @@
+"""The worker's own TGI stream client: events split across network reads, error events, and the pooled
+connections (kept for the next answer after a clean end, closed when a stream is left early)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import aiohttp
+import pytest
+from aiohttp import web
+from text_generation import errors as tgi_errors
+
+from oasst_shared.sampling import SamplingParameters
+from oasst_worker.backends import tgi_stream
+from oasst_worker.backends.records import GenerationResult, StreamedToken
+from oasst_worker.backends.tgi import TgiBackend
+from oasst_worker.backends.tgi_stream import SseLines, decode_event
+
+GREEDY = SamplingParameters(do_sample=False, max_new_tokens=3)
+
+
+def _event(i: int, text: str, last: bool = False) -> bytes:
+    payload = {
+        "index": i,
+        "token": {"id": i, "text": text, "logprob": -0.5, "special": False},
+        "generated_text": "all" if last else None,
+        "details": {"finish_reason": "length", "generated_tokens": i + 1, "cached_tokens": 2}
+        if last
+        else None,
+    }
+    return b"data:" + json.dumps(payload).encode() + b"\n\n"
+
+
+def test_events_split_across_reads_come_out_whole_and_in_order() -> None:
+    stream = _event(0, "a") + _event(1, "b") + _event(2, "c", last=True)
+    lines = SseLines()
+    payloads: list[bytes] = []
+    for start in range(0, len(stream), 7):  # reads that cut events anywhere
+        payloads += lines.feed(stream[start : start + 7])
+    texts = [decode_event(p, 200).token.text for p in payloads]
+    assert texts == ["a", "b", "c"]
+    last = decode_event(payloads[-1], 200)
+    assert last.details is not None and last.details.generated_tokens == 3
+    assert tgi_stream.cached_tokens(last.details) == 2
+
+
+def test_a_line_over_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tgi_stream, "MAX_LINE_BYTES", 10)
+    with pytest.raises(aiohttp.ClientPayloadError):
+        SseLines().feed(b"data:" + b"x" * 20)
+
+
+def test_error_events_are_the_clients_errors() -> None:
+    with pytest.raises(tgi_errors.OverloadedError):
+        decode_event(b'{"error": "full", "error_type": "overloaded"}', 200)
+    with pytest.raises(tgi_errors.GenerationError):
+        decode_event(b'{"error": "boom", "error_type": "generation"}', 200)
+    with pytest.raises(ValueError):
+        decode_event(b"{not json", 200)
+
+
+@asynccontextmanager
+async def _backend(peers: list[object]) -> AsyncIterator[str]:
+    """A TGI stand-in that streams three tokens (or, for the prompt "hold", one and then waits), noting
+    each request's client address (a new one is a new connection)."""
+
+    async def generate_stream(request: web.Request) -> web.StreamResponse:
+        peers.append(request.transport.get_extra_info("peername") if request.transport else None)
+        hold = (await request.json())["inputs"] == "hold"
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        if hold:  # one token, then nothing until the client goes
+            await response.write(_event(0, "x"))
+            await asyncio.sleep(2)  # (the test leaves long before)
+        for i, text in enumerate(["x", "y", "z"]):
+            await response.write(_event(i, text, last=i == 2))
+        await response.write_eof()
+        return response
+
+    app = web.Application()
+    app.router.add_post("/generate_stream", generate_stream)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        await runner.cleanup()
+
+
+async def test_a_finished_streams_connection_serves_the_next_and_a_left_one_is_closed() -> None:
+    peers: list[object] = []
+    async with _backend(peers) as url:
+        backend = TgiBackend(url, token_timeout=10.0, generation_timeout=60.0)
+        try:
+            items = [item async for item in backend.generate_stream("p", GREEDY, 3)]
+            assert [i.text for i in items if isinstance(i, StreamedToken)] == ["x", "y", "z"]
+            assert isinstance(items[-1], GenerationResult) and items[-1].cached_tokens == 2
+            assert [i async for i in backend.generate_stream("p", GREEDY, 3)][-1] == items[-1]
+            assert peers[0] == peers[1]  # the pooled connection was used again
+
+            stream = backend.generate_stream("hold", GREEDY, 3)
+            first = await anext(stream)
+            assert isinstance(first, StreamedToken)
+            await stream.aclose()  # left early: its connection is closed, not pooled
+            [i async for i in backend.generate_stream("p", GREEDY, 3)]
+            assert len(peers) == 4 and peers[3] not in (peers[0], peers[2])
+        finally:
+            await backend.close()
