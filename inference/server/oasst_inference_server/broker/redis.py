@@ -47,13 +47,6 @@ from oasst_inference_server.broker.base import (
 from oasst_inference_server.broker.counters import CounterAdd, CounterCheck, CounterRefusal
 from oasst_inference_server.broker.fair import QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
-from oasst_inference_server.broker.redis_wire import (
-    RespWire,
-    WireClosed,
-    WireReplyError,
-    WireTimeout,
-    wire_for,
-)
 from oasst_inference_server.broker.redis_replies import (
     DATA_FIELD,
     ms,
@@ -62,6 +55,13 @@ from oasst_inference_server.broker.redis_replies import (
     unparsed,
 )
 from oasst_inference_server.broker.redis_streams_reader import RedisStreamsReader
+from oasst_inference_server.broker.redis_wire import (
+    RespWire,
+    WireClosed,
+    WireReplyError,
+    WireTimeout,
+    wire_for,
+)
 
 T = TypeVar("T")
 

@@ -103,7 +103,7 @@ class RespWire:
 
         Without ``reconnect``, a command finds the connection lost raises ``WireClosed`` rather than
         go on a new one (a command tied to the connection's client id)."""
-        return await self.call_packed(hiredis.pack_command(args), reconnect=reconnect)
+        return await self.call_packed(_pack(*args), reconnect=reconnect)
 
     async def call_packed(self, command: bytes, *, reconnect: bool = True) -> Any:
         """:meth:`call` with the command already packed in RESP."""
@@ -155,9 +155,9 @@ class RespWire:
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
-            protocol = self._protocol
-            if protocol is not None and protocol.lost is None:
-                return protocol  # another call connected meanwhile
+            current = self._protocol
+            if current is not None and current.lost is None:
+                return current  # another call connected meanwhile
             loop = asyncio.get_running_loop()
             try:
                 _, protocol = await asyncio.wait_for(
@@ -168,11 +168,11 @@ class RespWire:
             try:
                 if self._password is not None:
                     auth = (self._username, self._password) if self._username else (self._password,)
-                    await self._call(protocol, hiredis.pack_command(("AUTH", *auth)))
+                    await self._call(protocol, _pack("AUTH", *auth))
                 if self._db:
-                    await self._call(protocol, hiredis.pack_command(("SELECT", self._db)))
+                    await self._call(protocol, _pack("SELECT", self._db))
                 if self._client_name:
-                    await self._call(protocol, hiredis.pack_command(("CLIENT", "SETNAME", self._client_name)))
+                    await self._call(protocol, _pack("CLIENT", "SETNAME", self._client_name))
             except BaseException:
                 protocol.fail(WireClosed("setting up the connection failed"))
                 raise
@@ -182,6 +182,10 @@ class RespWire:
             self._protocol = protocol
             self.connections += 1
             return protocol
+
+
+def _pack(*args: Any) -> bytes:
+    return hiredis.pack_command(args)
 
 
 def _time_out(protocol: _Protocol, future: asyncio.Future[Any]) -> None:
