@@ -55,6 +55,13 @@ from oasst_inference_server.broker.redis_replies import (
     unparsed,
 )
 from oasst_inference_server.broker.redis_streams_reader import RedisStreamsReader
+from oasst_inference_server.broker.redis_wire import (
+    RespWire,
+    WireClosed,
+    WireReplyError,
+    WireTimeout,
+    wire_for,
+)
 
 T = TypeVar("T")
 
@@ -241,6 +248,13 @@ class RedisBroker(Broker):
         self._check_counters = self._client.register_script(counters_lua.CHECK)
         self._add_counters = self._client.register_script(counters_lua.ADD)
         self._read_counters = self._client.register_script(counters_lua.READ)
+        # The per-token commands (the relay's append, the streams reader's XREAD) bypass redis-py on a
+        # plain redis:// URL (:mod:`.redis_wire`); every other command, and any fallback, uses it.
+        self._socket_timeout = socket_timeout
+        self._socket_connect_timeout = socket_connect_timeout
+        self._client_name = client_name
+        self._wires: list[RespWire] = []  # closed with the broker (one per process and reader)
+        self._wire = self.new_wire()
         self._closed = False
         self._closed_future: asyncio.Future[None] | None = None
         self._blocking: set[asyncio.Task[Any]] = set()
@@ -260,6 +274,8 @@ class RedisBroker(Broker):
         self._closed = True
         if self._closed_future is not None and not self._closed_future.done():
             self._closed_future.set_result(None)
+        for wire in self._wires:
+            await wire.close()
         blocking = list(self._blocking)
         for task in blocking:
             task.cancel()
@@ -417,10 +433,26 @@ class RedisBroker(Broker):
         for datas in per_stream.values():
             args.append(len(datas))
             args.extend(datas)
+        keys = [self.keys.stream(s) for s in per_stream]
+        # One script call instead of one XADD each: one command to encode and one reply to parse, which
+        # is most of what a token costs the server (a pipeline still parses a reply per XADD).
+        wire = self._wire
+        if wire is not None and not self._closed:
+            try:
+                await wire.call("EVALSHA", self._append_events.sha, len(keys), *keys, *args)
+                return
+            except WireReplyError as exc:
+                if not str(exc).startswith("NOSCRIPT"):
+                    raise BrokerError(f"redis XADD batch failed: {exc}") from exc
+            except WireTimeout as exc:
+                # It may have run: never sent again (redis-py does not retry a timeout either).
+                raise BrokerError(f"redis XADD batch failed: {exc}") from exc
+            except WireClosed as exc:
+                # Not sent, or lost before its answer: redis-py sends it again (loading the script
+                # first if Redis lost it), with its retries, as every append was before.
+                logger.debug("redis append on the bare connection failed ({}): through redis-py", exc)
         with translated("XADD batch"):
-            # One script call instead of one XADD each: one command to encode and one reply to parse,
-            # which is most of what a token costs the server (a pipeline still parses a reply per XADD).
-            await self._append_events(keys=[self.keys.stream(s) for s in per_stream], args=args)
+            await self._append_events(keys=keys, args=args)
 
     async def read_events(
         self, stream: str, after: str | None, timeout: float, count: int = 512
@@ -443,6 +475,18 @@ class RedisBroker(Broker):
                 if entries:
                     return entries
         return []
+
+    def new_wire(self) -> RespWire | None:
+        """A bare connection for a per-token command (:mod:`.redis_wire`), None for a URL it does not speak."""
+        wire = wire_for(
+            self.url,
+            timeout=self._socket_timeout,
+            connect_timeout=self._socket_connect_timeout,
+            client_name=self._client_name,
+        )
+        if wire is not None:
+            self._wires.append(wire)
+        return wire
 
     def streams_reader(self) -> StreamsReader:
         return RedisStreamsReader(self)

@@ -7,7 +7,9 @@ XREAD waits, :meth:`RedisStreamsReader.wake` ends the wait with ``CLIENT UNBLOCK
 connection of the pool), and the next read names the new set.
 
 The connection is taken from the broker's pool once and kept; after an error it is dropped, and the
-next read takes a new one (and asks its client id again, for ``CLIENT UNBLOCK``).
+next read takes a new one (and asks its client id again, for ``CLIENT UNBLOCK``). On a plain
+``redis://`` URL it is a bare connection of its own (:mod:`.redis_wire`): at the model's pace every
+token wakes this read, and redis-py's machinery per command cost more than the rest of the read.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ from typing import Any, Protocol
 from loguru import logger
 from redis.exceptions import RedisError
 
-from oasst_inference_server.broker.base import StreamEntry, StreamsReader
+from oasst_inference_server.broker.base import BrokerError, StreamEntry, StreamsReader
 from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
 from oasst_inference_server.broker.redis_replies import ms, stream_entries, translated
+from oasst_inference_server.broker.redis_wire import RespWire, WireClosed, WireReplyError
+from oasst_inference_server.broker.xread_command import XreadCommand
 
 
 class _RedisOwner(Protocol):
@@ -31,6 +35,8 @@ class _RedisOwner(Protocol):
     _max_block: float
     _pool: Any
     _client: Any
+
+    def new_wire(self) -> RespWire | None: ...
 
 
 # While a read is under way but not yet blocked in Redis, CLIENT UNBLOCK finds nothing to unblock:
@@ -47,11 +53,16 @@ class RedisStreamsReader(StreamsReader):
         self._reads = 0
         self._woken = False
         self._unblocking: asyncio.Task[None] | None = None
+        self._wire = broker.new_wire()
+        self._wire_connection = 0  # the wire's connection whose client id is _client_id
+        self._xread = XreadCommand(broker.keys)
 
     async def read(
         self, after: Mapping[str, str | None], timeout: float, count: int = 512
     ) -> dict[str, list[StreamEntry]]:
         broker = self._broker
+        if self._wire is not None:
+            return await self._read_wire(self._wire, after, timeout, count)
         streams = {broker.keys.stream(stream): stream for stream in after}
         ids = ["0-0" if a is None else str(parse_stream_id(a)) for a in after.values()]
         with translated("XREAD streams"):
@@ -78,6 +89,40 @@ class RedisStreamsReader(StreamsReader):
             found[streams[key]] = stream_entries([[key, entries]])
         return found
 
+    async def _read_wire(
+        self, wire: RespWire, after: Mapping[str, str | None], timeout: float, count: int
+    ) -> dict[str, list[StreamEntry]]:
+        xread = self._xread
+        try:
+            await wire.connect()
+            if self._client_id is None or self._wire_connection != wire.connections:
+                self._client_id = None
+                client_id = int(await wire.call("CLIENT", "ID", reconnect=False))
+                self._client_id, self._wire_connection = client_id, wire.connections
+            # From here to the send, nothing awaits (as above).
+            woken, self._woken = self._woken, False
+            block = ms(min(timeout, self._broker._max_block)) if timeout > 0 and not woken else None
+            command = xread.pack(after, max(1, count), block)
+            self._reads += 1
+            self._reading = self._reads
+            try:
+                reply = await wire.call_packed(command, reconnect=False)  # on the connection of _client_id
+            finally:
+                self._reading = 0
+        except (WireClosed, WireReplyError) as exc:
+            wire.drop()
+            self._client_id = None
+            raise BrokerError(f"redis XREAD streams failed: {type(exc).__name__}: {exc}") from exc
+        except BaseException:
+            wire.drop()  # cut short: its reply would come to the next read
+            self._client_id = None
+            raise
+        stream_of_key = xread.stream_of_key
+        found: dict[str, list[StreamEntry]] = {}
+        for key, entries in reply or ():
+            found[stream_of_key[key]] = stream_entries([[key, entries]])
+        return found
+
     def wake(self) -> None:
         self._woken = True  # the next read does not wait, whatever happens to this one
         if self._reading and self._unblocking is None:
@@ -86,6 +131,8 @@ class RedisStreamsReader(StreamsReader):
     async def close(self) -> None:
         if self._unblocking is not None:
             self._unblocking.cancel()
+        if self._wire is not None:
+            await self._wire.close()
         await self._drop()
 
     async def _connect(self) -> Any:
