@@ -29,6 +29,7 @@ from oasst_inference_server.auth.signed_tokens import verify_token
 from oasst_inference_server.auth.trusted_client import TRUSTED_CLIENT_HEADER, trusted_client_user
 from oasst_inference_server.auth.user_cache import UserCache
 from oasst_inference_server.broker import Broker
+from oasst_inference_server.db.engine import end_read
 from oasst_inference_server.db.models import DbUser
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.domain_errors import NotAuthenticated
@@ -113,6 +114,7 @@ async def _user_of_access_token(
 ) -> DbUser:
     user_id, generation = verify_token(settings, token, "access")
     user = await users.get(session, user_id)
+    await end_read(session)  # the request holds no connection while it works out what to do
     if user is None or user.deleted:
         raise NotAuthenticated("invalid_token", "unknown user", bearer=True)
     if generation != user.token_generation:
@@ -122,6 +124,7 @@ async def _user_of_access_token(
 
 async def _user_of_api_key(session: AsyncSession, key: str) -> tuple[DbUser, str]:
     found = await authenticate_api_key(session, key)
+    await end_read(session)
     if found is None:
         raise NotAuthenticated("invalid_api_key", "invalid or revoked API key", bearer=True)
     user, row = found

@@ -70,6 +70,16 @@ def make_session_factory(engine: AsyncEngine) -> async_sessionmaker[AsyncSession
     return async_sessionmaker(engine, class_=AsyncSession, expire_on_commit=False)
 
 
+async def end_read(session: AsyncSession) -> None:
+    """End ``session``'s transaction if it has only read: its connection goes back to the pool, and what it
+    read stays loaded (these sessions do not expire objects on commit); the next statement takes a
+    connection again. For a request's session before it does what needs no database, or opens a
+    session of its own: a request that holds one connection while it waits for another deadlocks
+    the pool once as many requests as it has connections do so at once."""
+    if session.in_transaction() and not (session.new or session.dirty or session.deleted):
+        await session.commit()
+
+
 async def ping_database(session: AsyncSession) -> None:
     """Run a trivial query; raises whatever the driver raises when the database does not answer."""
     await session.exec(select(literal_column("1", Integer)))  # SELECT 1

@@ -10,6 +10,7 @@ import time
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.auth.caller import Caller
+from oasst_inference_server.db.engine import end_read
 from oasst_inference_server.domain_errors import NotFound
 from oasst_inference_server.openai_api.openai_service import OpenAIService
 from oasst_inference_server.openai_protocol.models import ModelCard, ModelList
@@ -47,6 +48,7 @@ class ModelServing:
         if self.quotas is None or session is None or caller is None:
             return live
         allowed = await self.quotas.allowed_models(session, caller.user.id, caller.api_key_id)
+        await end_read(session)  # not held while the aliases are read (on a session of their own)
         return live if allowed is None else {n: m for n, m in live.items() if n in allowed}
 
     async def list(self, session: AsyncSession | None = None, caller: Caller | None = None) -> ModelList:

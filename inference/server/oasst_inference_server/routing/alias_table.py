@@ -6,7 +6,12 @@ uses its view, a replica asks the broker for entries newer than the last it saw 
 if there is one, it reads the aliases again, so a request that reaches any replica after the change was
 answered sees it. The database read comes after the broker read, so it holds at least the change the
 entry announced. Redis holds nothing that cannot be rebuilt: if the stream is lost (a flush) or the
-broker cannot be reached, the view is read again at least every ``alias_cache_seconds``.
+broker cannot be reached, the view is read again once it is ``alias_cache_seconds`` old: in the
+background, the requests of that moment served the view as it was.
+
+The requests of one moment share one database read: a read that began after a request's broker read
+serves it too. Each request reading in turn (on a session of its own, maybe holding its own request's
+connection meanwhile) emptied the connection pool under load.
 """
 
 from __future__ import annotations
@@ -61,14 +66,46 @@ class AliasTable:
         self._read_at: float | None = None
         self._seen: str | None = None  # the newest change entry this view includes
         self._lock = asyncio.Lock()
+        # Database reads begun, and the number of the newest one that completed: a caller that needs a
+        # read is served by any read that began after it asked, so callers at one moment share one.
+        self._reads_begun = 0
+        self._read_done = 0
+        self._refresh: asyncio.Task[None] | None = None  # the backstop's read in the background, kept
 
     async def current(self) -> Mapping[str, AliasEntry]:
         """Every alias by name, as of the newest change any replica announced."""
         newest = await self._newest_change()
-        if newest is not None or self._read_at is None or self._clock() - self._read_at >= self._max_age:
-            async with self._lock:
-                await self._read(newest)
+        asked = self._reads_begun  # after the broker read: a read begun from here on has what it saw
+        if newest is not None:
+            await self._read_once(newest, after=asked)
+        elif self._read_at is None:
+            await self._read_once(None)  # the first view: any read will do
+        elif self._clock() - self._read_at >= self._max_age and (
+            self._refresh is None or self._refresh.done()
+        ):
+            # Only the backstop for a change the broker lost: read in the background, the requests
+            # of the moment served from the view as it is rather than waiting for the read.
+            self._refresh = asyncio.create_task(self._refresh_quietly(asked), name="alias view refresh")
         return self._aliases
+
+    async def _read_once(self, newest: str | None, after: int | None = None) -> None:
+        """Read the aliases unless a read completed meanwhile that serves: with ``after``, one begun
+        after the caller's broker read (so after the commit of the change it saw); without, any. Many
+        callers at once make one read, not one each in turn, each holding a request's place (and
+        maybe a pooled connection) while it waits."""
+        async with self._lock:
+            if self._read_done > after if after is not None else self._read_at is not None:
+                return
+            self._reads_begun += 1
+            number = self._reads_begun
+            await self._read(newest)
+            self._read_done = number
+
+    async def _refresh_quietly(self, asked: int) -> None:
+        try:
+            await self._read_once(None, after=asked)
+        except Exception as exc:  # the view stays as it is; the next request past the age tries again
+            logger.warning("aliases not read again: {}: {}", type(exc).__name__, exc)
 
     async def _newest_change(self) -> str | None:
         try:
