@@ -26,7 +26,6 @@ import uuid
 from collections.abc import AsyncIterator, Coroutine, Iterator, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any, Literal, TypeVar
-from urllib.parse import urlsplit, urlunsplit
 
 from loguru import logger
 from redis.asyncio import BlockingConnectionPool, Redis
@@ -35,7 +34,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from oasst_inference_server.broker import counters_lua, fair_lua
+from oasst_inference_server.broker import counters_lua, fair_lua, redis_lua
 from oasst_inference_server.broker.base import (
     Broker,
     BrokerError,
@@ -49,7 +48,10 @@ from oasst_inference_server.broker.fair import QueuedHint, QueueSnapshot
 from oasst_inference_server.broker.keys import RedisKeys, parse_stream_id
 from oasst_inference_server.broker.redis_replies import (
     DATA_FIELD,
+    hand_entry,
+    handed_work,
     ms,
+    popped_work,
     stream_entries,
     translated,
     unparsed,
@@ -60,6 +62,7 @@ from oasst_inference_server.broker.redis_wire import (
     WireClosed,
     WireReplyError,
     WireTimeout,
+    redact_url,
     wire_for,
 )
 
@@ -76,106 +79,12 @@ _HAND_KEEP_MS = 60_000
 # How long a popper that gave up (cancelled, or its connection failed) tries to give back a hint.
 _GIVE_BACK_SECONDS = 2.0
 
-_ACQUIRE_LOCK = """
-local holder = redis.call('GET', KEYS[1])
-if holder == ARGV[1] then
-    redis.call('PEXPIRE', KEYS[1], ARGV[2])
-    return 1
-end
-if not holder then
-    redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
-    return 1
-end
-return 0
-"""
-
-# Deletes a stream and says how many ms Redis' clock trails its last id (negative: already past it).
-_DELETE_STREAM = """
-local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
-redis.call('DEL', KEYS[1])
-if #last == 0 then
-    return -1
-end
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-return tonumber(string.match(last[1][1], '^(%d+)')) - now_ms
-"""
-
-# ARGV[1] is the approximate MAXLEN, ARGV[2] an expiry in ms; then, for each KEYS[i] in turn, a count n
-# and n events, XADDed to it in order. Each stream's expiry is pushed to ARGV[2] ms from now: a stream
-# whose terminal event never comes still expires. Grouped by stream, a key crosses the wire once per
-# batch, not once per token.
-_APPEND_EVENTS = f"""
-local at = 3
-for _, key in ipairs(KEYS) do
-    local last = at + tonumber(ARGV[at])
-    for j = at + 1, last do
-        redis.call('XADD', key, 'MAXLEN', '~', ARGV[1], '*', '{DATA_FIELD}', ARGV[j])
-    end
-    redis.call('PEXPIRE', key, ARGV[2])
-    at = last + 1
-end
-return #KEYS
-"""
-
-# KEYS: the slots' sorted sets; ARGV: holder, ttl in ms, then each key's limit. All or none: 0 when the
-# holder has them all, else the (1-based) index of a full one. Expired holders go first; Redis' own
-# clock stamps the expiries, so replicas with skewed clocks agree.
-_ACQUIRE_SLOTS = """
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-for i, key in ipairs(KEYS) do
-    redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
-    if not redis.call('ZSCORE', key, ARGV[1]) and redis.call('ZCARD', key) >= tonumber(ARGV[2 + i]) then
-        return i
-    end
-end
-for _, key in ipairs(KEYS) do
-    redis.call('ZADD', key, now_ms + tonumber(ARGV[2]), ARGV[1])
-    redis.call('PEXPIRE', key, ARGV[2])
-end
-return 0
-"""
-
-_RELEASE_LOCK = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-    return redis.call('DEL', KEYS[1])
-end
-return 0
-"""
-
 
 class _Closed(enum.Enum):
     TOKEN = 0
 
 
 _CLOSED = _Closed.TOKEN
-
-
-def redact_url(url: str) -> str:
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.rsplit("@", 1)[1]
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit(parts._replace(netloc=user + netloc))
-
-
-def _popped(reply: Any) -> PoppedWork | None:
-    """The reply of the fair queue's POP or WAIT script: ``[message id, job note, cost, user]`` or nil."""
-    if reply is None:
-        return None
-    return PoppedWork(str(reply[0]), str(reply[1]))
-
-
-def _hand_entry(entry: Any) -> tuple[PoppedWork, float, str]:
-    """A hand entry (fair_lua's PUSH): message id, job note, cost and user, joined by NULs."""
-    message_id, job, cost, user = str(entry).split("\0")
-    return PoppedWork(message_id, job), float(cost), user
-
-
-def _handed(entry: Any) -> PoppedWork:
-    return _hand_entry(entry)[0]
 
 
 class RedisBroker(Broker):
@@ -232,11 +141,11 @@ class RedisBroker(Broker):
         # XREAD replies are read by stream_entries as they come: redis-py's own parsing builds a dict
         # of the fields of every entry, so of every token a reader relays.
         self._client.set_response_callback("XREAD", unparsed)
-        self._acquire_lock = self._client.register_script(_ACQUIRE_LOCK)
-        self._release_lock = self._client.register_script(_RELEASE_LOCK)
-        self._delete_stream = self._client.register_script(_DELETE_STREAM)
-        self._append_events = self._client.register_script(_APPEND_EVENTS)
-        self._acquire_slots = self._client.register_script(_ACQUIRE_SLOTS)
+        self._acquire_lock = self._client.register_script(redis_lua.ACQUIRE_LOCK)
+        self._release_lock = self._client.register_script(redis_lua.RELEASE_LOCK)
+        self._delete_stream = self._client.register_script(redis_lua.DELETE_STREAM)
+        self._append_events = self._client.register_script(redis_lua.APPEND_EVENTS)
+        self._acquire_slots = self._client.register_script(redis_lua.ACQUIRE_SLOTS)
         self._fair_push = self._client.register_script(fair_lua.PUSH)
         self._fair_pop = self._client.register_script(fair_lua.POP)
         self._fair_wait = self._client.register_script(fair_lua.WAIT)
@@ -334,7 +243,7 @@ class RedisBroker(Broker):
         base = self.keys.queue(queue)
         with translated("pop work"):
             if timeout <= 0 or self._closed:
-                return _popped(await self._fair_pop(keys=[base], args=["1"]))
+                return popped_work(await self._fair_pop(keys=[base], args=["1"]))
             # Lua cannot block: the popper registers as waiting and BLPOPs a list of its own, where the
             # next push puts the hint it popped for it (fair_lua: the wake-up and the pop in one step).
             popper = uuid.uuid4().hex
@@ -343,7 +252,7 @@ class RedisBroker(Broker):
                 registered_ms = ms(block) + _HAND_SLACK_MS
                 popped = await self._fair_wait(keys=[base], args=[popper, registered_ms])
                 if popped is not None:
-                    return _popped(popped)
+                    return popped_work(popped)
                 try:
                     reply = await self._unless_closed(self._client.blpop([hand], ms(block) / 1000))
                 except (asyncio.CancelledError, RedisError, OSError):
@@ -354,10 +263,10 @@ class RedisBroker(Broker):
                 if reply is _CLOSED:
                     return None  # closing: a hint handed meanwhile is re-queued by the recovery loop
                 if reply is not None:
-                    return _handed(reply[1])
+                    return handed_work(reply[1])
                 handed = await self._fair_stop_waiting(keys=[base], args=[popper])
                 if handed is not None:
-                    return _handed(handed)
+                    return handed_work(handed)
         return None
 
     async def _give_back(self, queue: str, base: str, popper: str) -> None:
@@ -368,7 +277,7 @@ class RedisBroker(Broker):
                 handed = await self._fair_stop_waiting(keys=[base], args=[popper])
                 if handed is None:
                     return
-                work, cost, user = _hand_entry(handed)
+                work, cost, user = hand_entry(handed)
                 await self._fair_charge(keys=[base], args=[user, repr(-cost)])
                 await self.push_work(queue, work.message_id, user=user, cost=cost, job=work.job)
         except (RedisError, OSError, BrokerError, TimeoutError) as exc:

@@ -1,4 +1,4 @@
-"""How the Redis broker reads Redis: block times, errors, and the replies of XREAD."""
+"""How the Redis broker reads Redis: block times, errors, the replies of XREAD and of the fair queue's scripts."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from oasst_inference_server.broker.base import BrokerError, StreamEntry
+from oasst_inference_server.broker.base import BrokerError, PoppedWork, StreamEntry
 
 DATA_FIELD = "data"  # the one field of a stream entry: the event
 
@@ -60,3 +60,20 @@ def _field(fields: Any, name: str) -> Any:
 
 def _is_entry(item: Any) -> bool:
     return isinstance(item, (list, tuple)) and len(item) == 2 and isinstance(item[0], str)
+
+
+def popped_work(reply: Any) -> PoppedWork | None:
+    """The reply of the fair queue's POP or WAIT script: ``[message id, job note, cost, user]`` or nil."""
+    if reply is None:
+        return None
+    return PoppedWork(str(reply[0]), str(reply[1]))
+
+
+def hand_entry(entry: Any) -> tuple[PoppedWork, float, str]:
+    """A hand entry (fair_lua's PUSH): message id, job note, cost and user, joined by NULs."""
+    message_id, job, cost, user = str(entry).split("\0")
+    return PoppedWork(message_id, job), float(cost), user
+
+
+def handed_work(entry: Any) -> PoppedWork:
+    return hand_entry(entry)[0]

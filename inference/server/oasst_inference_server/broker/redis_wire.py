@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 import hiredis
 
@@ -191,6 +191,16 @@ def _pack(*args: Any) -> bytes:
 def _time_out(protocol: _Protocol, future: asyncio.Future[Any]) -> None:
     if not future.done():
         protocol.fail(WireTimeout("redis did not answer in time"))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with its password replaced by ``***``, for logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + netloc))
 
 
 def wire_for(url: str, *, timeout: float, connect_timeout: float, client_name: str | None) -> RespWire | None:
