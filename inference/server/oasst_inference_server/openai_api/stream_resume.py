@@ -68,16 +68,15 @@ async def resume_stream(
         is_disconnected=is_disconnected,
         ids=ChunkIds(completion_id, after),
     )
-    return _held(stream, lease)
+    return holding(lease, stream)
 
 
-async def _held(stream: AsyncGenerator[str, None], lease: ReaderLease) -> AsyncGenerator[str, None]:
-    try:
-        async with lease.held(), aclosing(stream) as chunks:
-            async for chunk in chunks:
-                yield chunk
-    finally:
-        await lease.release()  # also when the stream never started
+async def holding(lease: ReaderLease, events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
+    """``events`` while holding the reader's slots (the chat API's bound on open event streams); they
+    are given back when the stream ends (``ReaderLease.held``)."""
+    async with lease.held(), aclosing(events) as stream:
+        async for chunk in stream:
+            yield chunk
 
 
 async def _check_stream_kept(

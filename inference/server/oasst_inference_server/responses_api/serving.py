@@ -10,9 +10,10 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from oasst_inference_server.auth.caller import Caller
 from oasst_inference_server.openai_api.openai_service import IsDisconnected
 from oasst_inference_server.openai_api.served import Answer, EventStream
+from oasst_inference_server.openai_api.stream_resume import holding
 from oasst_inference_server.responses_api.objects import response_object
 from oasst_inference_server.responses_api.service import ResponsesService
-from oasst_inference_server.responses_api.streaming import holding, stream_response
+from oasst_inference_server.responses_api.streaming import stream_response
 from oasst_inference_server.responses_api.wire import ResponsesRequest
 from oasst_inference_server.streams.reader_slots import acquire_reader
 

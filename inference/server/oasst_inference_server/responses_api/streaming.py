@@ -22,7 +22,6 @@ from oasst_inference_server.openai_api.openai_service import (
 )
 from oasst_inference_server.openai_api.openai_streams import pending_comment
 from oasst_inference_server.responses_api.event_sequence import Event, ResponseEventSequence
-from oasst_inference_server.streams.reader_slots import ReaderLease
 from oasst_shared.schemas import ErrorEvent, MessageEvent, PendingEvent, RetryEvent, TokenEvent
 
 
@@ -83,10 +82,3 @@ async def stream_response(
     finally:
         if cancel_on_leave:
             await openai.settle(message, finished, scrub=message.kind == MessageKind.completion)
-
-
-async def holding(lease: ReaderLease, events: AsyncGenerator[str, None]) -> AsyncGenerator[str, None]:
-    """``events`` while holding the reader's slots (the chat API's bound on open event streams)."""
-    async with lease.held(), aclosing(events) as stream:
-        async for chunk in stream:
-            yield chunk
