@@ -6,35 +6,13 @@ request models)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from pydantic import ValidationError
 
 from oasst_shared.model_configs import SMOLLM2_135M, ModelConfig
 from oasst_shared.sampling import JsonSchemaFormat
 from oasst_shared.schemas import CreateWorkerRequest, WorkerLimits
 from oasst_shared.tool_calls import FunctionDefinition, NamedToolChoice, ToolDefinition
-
-EDGES = [
-    "name\n",
-    "name\r\n",
-    "\nname",
-    "name\r",
-    "na me",
-    "name ",
-    "name\t",
-    "name\x00",
-    "name\u2028",  # a line separator
-    "name\u200b",  # a zero-width space
-    "nаme",  # a Cyrillic "a"
-    "",
-]
-
-
-def refused(build: Any, name: str) -> None:
-    with pytest.raises(ValidationError):
-        build(name)
+from tests.support.name_edges import EDGES, refused
 
 
 @pytest.mark.parametrize("name", EDGES, ids=repr)

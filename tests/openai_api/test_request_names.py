@@ -4,32 +4,10 @@ message's author with a trailing newline, spaces, controls or look-alike charact
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
-from pydantic import ValidationError
 
 from oasst_inference_server.openai_protocol.generation_requests import ChatCompletionRequest, ChatMessage
-
-EDGES = [  # as in oasst_shared/tests/test_names.py
-    "name\n",
-    "name\r\n",
-    "\nname",
-    "name\r",
-    "na me",
-    "name ",
-    "name\t",
-    "name\x00",
-    "name\u2028",  # a line separator
-    "name\u200b",  # a zero-width space
-    "nаme",  # a Cyrillic "a"
-    "",
-]
-
-
-def refused(build: Any, name: str) -> None:
-    with pytest.raises(ValidationError):
-        build(name)
+from tests.support.name_edges import EDGES, refused
 
 
 @pytest.mark.parametrize("name", EDGES, ids=repr)
