@@ -327,14 +327,7 @@ async def stream_choices(
                     return
             if out:
                 yield "".join(out)
-        closing = []
-        if include_usage:
-            usage = GenerationUsage.of(
-                sum(f.prompt_tokens or 0 for f in finals),
-                sum(f.generated_tokens or 0 for f in finals),
-                sum(f.cached_tokens or 0 for f in finals),
-            )
-            closing.append(chunks[0].usage(usage))
+        closing = [chunks[0].usage(GenerationUsage.of_answers(finals))] if include_usage else []
         yield "".join([*closing, DONE])
     finally:
         for task in pumps:
@@ -357,8 +350,7 @@ def _closing_chunks(
             chunks.finish(openai_finish_reason(final.finish_reason, bool(calls))),
         ]
         if include_usage:
-            usage = GenerationUsage.of(final.prompt_tokens, final.generated_tokens, final.cached_tokens)
-            closing.append(chunks.usage(usage))
+            closing.append(chunks.usage(GenerationUsage.of_answers([final])))
         return closing
     if isinstance(event, ErrorEvent):
         failure = generation_failure(event)

@@ -122,12 +122,7 @@ class GenerationServing(ABC, Generic[RequestT, ResponseT]):
             return EventStream(events, headers)
         answers = await wait_for_answers(self.service, messages, is_disconnected, body.wants_logprobs()[0])
         await self.service.refuse_moderated([final for final, _ in answers])
-        # Each choice is a job of its own, whose prompt was processed too: usage counts every one.
-        usage = GenerationUsage.of(
-            sum(final.prompt_tokens or 0 for final, _ in answers),
-            sum(final.generated_tokens or 0 for final, _ in answers),
-            sum(final.cached_tokens or 0 for final, _ in answers),
-        )
+        usage = GenerationUsage.of_answers([final for final, _ in answers])
         return Answer(self._response(completion_id, created, name, answers, usage), headers)
 
     def _stream(

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, Field
+
+from oasst_shared.schemas import MessageRead
 
 
 class UsageInfo(BaseModel):
@@ -22,13 +26,16 @@ class GenerationUsage(UsageInfo):
     prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
     @classmethod
-    def of(
-        cls, prompt_tokens: int | None, completion_tokens: int | None, cached_tokens: int | None = None
-    ) -> GenerationUsage:
-        prompt, completion = prompt_tokens or 0, completion_tokens or 0
+    def of_answers(cls, answers: Sequence[MessageRead]) -> GenerationUsage:
+        """The usage of a request's answers together (one per choice: each a job of its own, whose prompt
+        was processed too)."""
+        prompt = sum(a.prompt_tokens or 0 for a in answers)
+        completion = sum(a.generated_tokens or 0 for a in answers)
         return cls(
             prompt_tokens=prompt,
             completion_tokens=completion,
             total_tokens=prompt + completion,
-            prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens or 0),
+            prompt_tokens_details=PromptTokensDetails(
+                cached_tokens=sum(a.cached_tokens or 0 for a in answers)
+            ),
         )
