@@ -14,6 +14,7 @@ then per function call ``response.output_item.added``, ``response.function_call_
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -32,6 +33,21 @@ Event = dict[str, Any]
 # Renders the response object at a moment of the stream: its status, its output so far, and the
 # message as last known (None before the end: the snapshot then shows no usage).
 Snapshot = Callable[[ResponseStatus, list[dict[str, Any]], MessageRead | None], dict[str, Any]]
+_DELTA = "response.output_text.delta"
+_DELTA_TAIL = ',"logprobs":[]}\n\n'
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def render(events: list[Event], starting_after: int | None = None) -> str:
+    """The events as server-sent events, without those numbered up to ``starting_after``."""
+    return "".join(
+        f"event: {e['type']}\ndata: {_json(e)}\n\n"
+        for e in events
+        if starting_after is None or e["sequence_number"] > starting_after
+    )
 
 
 class ResponseEventSequence:
@@ -41,8 +57,14 @@ class ResponseEventSequence:
         self._snapshot = snapshot
         self._background = background
         self._next = 0
-        self._text: list[str] | None = None  # the message item's text so far, once it is open
+        # The message item's text so far (its deltas as JSON strings), once it is open.
+        self._text: list[str] | None = None
         self.ended = False
+        # A rendered delta event is this, its number, this, its text (a JSON string), then _DELTA_TAIL:
+        # every token's is made from it, with no event built or encoded per token (as rendered by
+        # ``render``, which the events other than the deltas go through).
+        self._delta_head = f'event: {_DELTA}\ndata: {{"type":"{_DELTA}","sequence_number":'
+        self._delta_middle = f',"item_id":{_json(self._item_id)},"output_index":0,"content_index":0,"delta":'
 
     def _event(self, kind: str, **fields: Any) -> Event:
         event = {"type": kind, "sequence_number": self._next, **fields}
@@ -79,18 +101,28 @@ class ResponseEventSequence:
             return []
         events = self._open_text()
         assert self._text is not None
-        self._text.append(delta)
+        self._text.append(_json(delta))
         events.append(
             self._event(
-                "response.output_text.delta",
-                item_id=self._item_id,
-                output_index=0,
-                content_index=0,
-                delta=delta,
-                logprobs=[],
+                _DELTA, item_id=self._item_id, output_index=0, content_index=0, delta=delta, logprobs=[]
             )
         )
         return events
+
+    def rendered_text(self, delta_json: str, starting_after: int | None = None) -> str:
+        """As ``render(self.text(delta), starting_after)`` for the text given as a JSON string (a stored
+        token's, :class:`~..openai_api.openai_service.TokenText`): the stream's hot path, with neither a
+        decode nor an event per token."""
+        if delta_json == '""':
+            return ""
+        opening = render(self._open_text(), starting_after) if self._text is None else ""
+        assert self._text is not None
+        self._text.append(delta_json)
+        number = self._next
+        self._next += 1
+        if starting_after is not None and number <= starting_after:
+            return opening
+        return f"{opening}{self._delta_head}{number}{self._delta_middle}{delta_json}{_DELTA_TAIL}"
 
     def finish(self, final: MessageRead) -> list[Event]:
         """The closing events for the finished message (complete, cut at max tokens, or cancelled)."""
@@ -101,7 +133,7 @@ class ResponseEventSequence:
             events += self.text(final.content or "") or self._open_text()  # nothing was streamed
         output: list[dict[str, Any]] = []
         if self._text is not None:
-            text = "".join(self._text)
+            text = "".join(json.loads(f"[{','.join(self._text)}]"))  # one decode for every delta
             where = {"item_id": self._item_id, "output_index": 0, "content_index": 0}
             item = text_item(self._message_id, text)
             events += [

@@ -21,16 +21,8 @@ from oasst_inference_server.openai_api.openai_service import (
     generation_failure,
 )
 from oasst_inference_server.openai_api.openai_streams import pending_comment
-from oasst_inference_server.responses_api.event_sequence import Event, ResponseEventSequence
+from oasst_inference_server.responses_api.event_sequence import ResponseEventSequence, render
 from oasst_shared.schemas import ErrorEvent, MessageEvent, PendingEvent, RetryEvent, TokenEvent
-
-
-def render(events: list[Event], starting_after: int | None = None) -> str:
-    return "".join(
-        f"event: {e['type']}\ndata: {json.dumps(e, ensure_ascii=False, separators=(',', ':'))}\n\n"
-        for e in events
-        if starting_after is None or e["sequence_number"] > starting_after
-    )
 
 
 async def stream_response(
@@ -48,35 +40,38 @@ async def stream_response(
             yield opening
         async with aclosing(openai.events(message, is_disconnected)) as batches:
             async for batch in batches:
-                events: list[Event] = []
-                comments: list[str] = []
+                # One write per batch of events: a stream that fell behind catches up in one send.
+                out: list[str] = []
                 for event in batch:
                     if type(event) is TokenText:
-                        events += sequence.text(json.loads(event.json))
+                        out.append(sequence.rendered_text(event.json, starting_after))
                     elif isinstance(event, TokenEvent):
-                        events += sequence.text(event.text)
+                        text = json.dumps(event.text, ensure_ascii=False)
+                        out.append(sequence.rendered_text(text, starting_after))
                     elif isinstance(event, PendingEvent):
-                        comments.append(pending_comment(event))
+                        out.append(pending_comment(event))
                     elif isinstance(event, MessageEvent):
                         finished = True
-                        events += sequence.finish(event.message)
+                        out.append(render(sequence.finish(event.message), starting_after))
                     elif isinstance(event, ErrorEvent):
                         finished = True
                         failure = generation_failure(event)
-                        events += sequence.fail(event.message, failure.code, failure.detail)
+                        failed = sequence.fail(event.message, failure.code, failure.detail)
+                        out.append(render(failed, starting_after))
                     elif isinstance(event, RetryEvent) and sequence.sent_text:
                         # Text already sent cannot be taken back: the stream ends here (the
                         # regeneration is cancelled unless the response runs in the background).
-                        events += sequence.fail(
+                        failed = sequence.fail(
                             None,
                             "worker_lost",
                             f"the worker generating this answer was lost ({event.reason}); "
                             "the text already sent cannot be taken back: retry the request",
                         )
+                        out.append(render(failed, starting_after))
                     if sequence.ended:
                         break
-                if out := "".join(comments) + render(events, starting_after):
-                    yield out
+                if chunk := "".join(out):
+                    yield chunk
                 if sequence.ended:
                     return
     finally:

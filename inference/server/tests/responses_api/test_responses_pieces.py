@@ -3,12 +3,13 @@ response ids, and the numbered event sequence (the same for every reader, which 
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime
 
 import pytest
 from pydantic import ValidationError
 
-from oasst_inference_server.responses_api.event_sequence import ResponseEventSequence
+from oasst_inference_server.responses_api.event_sequence import ResponseEventSequence, render
 from oasst_inference_server.responses_api.objects import (
     StoredRequest,
     message_id_of,
@@ -176,3 +177,25 @@ def test_two_readers_of_the_same_events_number_them_alike() -> None:
         return sequence.opening() + sequence.text("a") + sequence.text("b") + sequence.finish(_final("ab"))
 
     assert run() == run()
+
+
+@pytest.mark.parametrize("starting_after", [None, 3, 5])
+def test_a_stream_s_templated_deltas_are_the_events_rendered(starting_after: int | None) -> None:
+    # The stream renders a token's delta from a template; it must be the event the sequence would build
+    # and render, numbered alike, the first one opening the text, and those a resumed reader has dropped.
+    tokens = ["Hel", "", 'lo "w"', "\n\u00e9\u2028", "\\ </x>"]
+    built, templated = _sequence(), _sequence()
+    expected = render(built.opening(), starting_after)
+    streamed = render(templated.opening(), starting_after)
+    for token in tokens:
+        expected += render(built.text(token), starting_after)
+        streamed += templated.rendered_text(json.dumps(token, ensure_ascii=False), starting_after)
+    assert streamed == expected
+    final = _final("".join(tokens))
+    assert render(templated.finish(final)) == render(built.finish(final))
+    # Stored tokens' JSON may escape what json.dumps(ensure_ascii=False) leaves as it is: same text.
+    escaped = _sequence()
+    escaped.opening()
+    for token in tokens:
+        escaped.rendered_text(json.dumps(token), starting_after)
+    assert escaped.finish(final)[0]["text"] == "".join(tokens)
