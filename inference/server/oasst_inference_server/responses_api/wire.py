@@ -42,6 +42,19 @@ class ContentPart(_Wire):
     text: str = Field(max_length=MAX_PROMPT_CHARACTERS)
 
 
+def _bounded_text(value: str | list[ContentPart], what: str) -> str | list[ContentPart]:
+    """A text given whole or in parts: at most ``MAX_CONTENT_PARTS`` parts, or ``MAX_PROMPT_CHARACTERS``."""
+    if isinstance(value, list) and len(value) > MAX_CONTENT_PARTS:
+        raise ValueError(f"{what} has at most {MAX_CONTENT_PARTS} content parts")
+    if isinstance(value, str) and len(value) > MAX_PROMPT_CHARACTERS:
+        raise ValueError(f"{what} has at most {MAX_PROMPT_CHARACTERS} characters")
+    return value
+
+
+def _joined(value: str | list[ContentPart]) -> str:
+    return value if isinstance(value, str) else "".join(part.text for part in value)
+
+
 class MessageItem(_Wire):
     type: Literal["message"] = "message"
     id: str | None = Field(default=None, max_length=MAX_ITEM_ID, pattern=_ID_PATTERN)
@@ -52,17 +65,11 @@ class MessageItem(_Wire):
     @field_validator("content")
     @classmethod
     def _bounded_content(cls, value: str | list[ContentPart]) -> str | list[ContentPart]:
-        if isinstance(value, list) and len(value) > MAX_CONTENT_PARTS:
-            raise ValueError(f"a message has at most {MAX_CONTENT_PARTS} content parts")
-        if isinstance(value, str) and len(value) > MAX_PROMPT_CHARACTERS:
-            raise ValueError(f"a message has at most {MAX_PROMPT_CHARACTERS} characters")
-        return value
+        return _bounded_text(value, "a message")
 
     @property
     def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
+        return _joined(self.content)
 
 
 class FunctionCallItem(_Wire):
@@ -81,11 +88,14 @@ class FunctionCallOutputItem(_Wire):
     output: str | list[ContentPart]
     status: str | None = Field(default=None, max_length=32)
 
+    @field_validator("output")
+    @classmethod
+    def _bounded_output(cls, value: str | list[ContentPart]) -> str | list[ContentPart]:
+        return _bounded_text(value, "a function call's output")
+
     @property
     def text(self) -> str:
-        if isinstance(self.output, str):
-            return self.output
-        return "".join(part.text for part in self.output)
+        return _joined(self.output)
 
 
 InputItem = Annotated[MessageItem | FunctionCallItem | FunctionCallOutputItem, Field(discriminator="type")]

@@ -89,6 +89,17 @@ def test_items_become_chat_messages_with_calls_joined_to_the_assistant_turn() ->
         {"input": "x", "metadata": {f"k{i}": "v" for i in range(17)}},
         {"input": [{"type": "function_call", "call_id": "c" * 257, "name": "f", "arguments": "{}"}]},
         {"input": [{"role": "user", "content": "x", "id": "bad id"}]},
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}] * 65}]},
+        {
+            "input": [
+                {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+                {
+                    "type": "function_call_output",
+                    "call_id": "c1",
+                    "output": [{"type": "output_text", "text": "x"}] * 65,
+                },
+            ]
+        },
     ],
 )
 def test_requests_past_a_bound_or_unsupported_are_refused(body: dict) -> None:
