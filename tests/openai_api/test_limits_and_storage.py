@@ -78,6 +78,22 @@ def test_concurrent_generations_are_limited_per_user(limited_stack: Stack) -> No
     client.chat.completions.create(model=MODEL_NAME, messages=QUESTION, temperature=0, max_tokens=2)
 
 
+def test_background_responses_count_as_running_generations(limited_stack: Stack) -> None:
+    # A background response runs with nobody reading it: it holds one of the user's concurrent
+    # generations until it ends, so background runs are bounded per user as streams are.
+    client = new_user(limited_stack).client()
+    running = client.responses.create(
+        model=MODEL_NAME, input=LONG_TASK[0]["content"], background=True, max_output_tokens=300, temperature=0
+    )
+    try:
+        with pytest.raises(openai.RateLimitError) as caught:
+            client.responses.create(model=MODEL_NAME, input="Hi", background=True, max_output_tokens=2)
+        assert caught.value.body["code"] == "too_many_concurrent_generations"  # type: ignore[index]
+    finally:
+        cancelled = client.responses.cancel(running.id)
+    assert cancelled.status == "cancelled"
+
+
 def test_api_conversations_can_be_stored_as_chats(limited_stack: Stack) -> None:
     user = new_user(limited_stack)
     client = user.client(user.create_key()["key"])
