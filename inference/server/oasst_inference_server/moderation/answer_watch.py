@@ -16,7 +16,9 @@ from typing import Any
 from oasst_inference_server.moderation.hook import Finding, Moderation, Verdict
 from oasst_inference_server.settings_sections.moderation import MAX_PATTERN_LENGTH
 
-MAX_HELD = 64  # characters of an unfinished word held back
+# Characters of an unfinished word held back: the longest entry the settings allow, so no listed word is
+# relayed in part before it is recognized.
+MAX_HELD = MAX_PATTERN_LENGTH
 _CONTEXT = 2 * MAX_PATTERN_LENGTH  # characters before the new text a phrase may start in
 
 
