@@ -105,7 +105,8 @@ class AnswerWatch:
         pending = self._held + text
         if logprobs:
             self._held_logprobs.extend(logprobs)
-        ready = _unfinished_word(pending)
+        # Held back only for the word list: the classifier judges text already relayed.
+        ready = _unfinished_word(pending) if self._moderation.word_list.words else len(pending)
         new, self._held = pending[:ready], pending[ready:]
         step = self._pass(new)
         if new and step.cut is None:

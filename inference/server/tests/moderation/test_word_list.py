@@ -97,3 +97,15 @@ def test_the_longest_word_an_entry_may_be_is_never_relayed_in_part():
             break
     assert step.cut is not None and step.cut.categories == ["bad"]
     assert relayed == "say "
+
+
+def test_without_a_word_list_nothing_is_held_back():
+    config = Settings(
+        moderation_enabled=True,
+        moderation_classifier_model="an-embedding-model",
+        moderation_classifier_categories={"c": {"examples": ["an example"]}},
+    )
+    watch = AnswerWatch(Moderation(config, None), "m")  # type: ignore[arg-type]
+    assert watch.feed("you will kil", None).release == "you will kil"
+    assert watch.feed("l", None).release == "l"
+    assert watch.finish().release == ""
