@@ -16,7 +16,9 @@ from typing import Any
 from oasst_inference_server.moderation.hook import Finding, Moderation, Verdict
 from oasst_inference_server.settings_sections.moderation import MAX_PATTERN_LENGTH
 
-MAX_HELD = 64  # characters of an unfinished word held back
+# Characters of an unfinished word held back: the longest entry the settings allow, so no listed word is
+# relayed in part before it is recognized.
+MAX_HELD = MAX_PATTERN_LENGTH
 _CONTEXT = 2 * MAX_PATTERN_LENGTH  # characters before the new text a phrase may start in
 
 
@@ -103,27 +105,24 @@ class AnswerWatch:
         pending = self._held + text
         if logprobs:
             self._held_logprobs.extend(logprobs)
-        ready = _unfinished_word(pending)
+        # Held back only for the word list: the classifier judges text already relayed.
+        ready = _unfinished_word(pending) if self._moderation.word_list.words else len(pending)
         new, self._held = pending[:ready], pending[ready:]
-        if not new:
-            return Step()
-        cut, flags, hit = self._check(new)
-        if cut is not None:
-            self.cut = cut
-            self._relay(new[:hit])
-            return Step(release=new[:hit], cut=cut)
-        step_logprobs, self._held_logprobs = (self._held_logprobs or None), []
-        self._relay(new)
-        self._since_classified += len(new)
-        step = Step(release=new, logprobs=step_logprobs, flags=flags)
-        stride = self._moderation.settings.moderation_classifier_stride_chars
-        if self._moderation.classifies and not self.classifying and self._since_classified >= stride:
-            step.classify = True
+        step = self._pass(new)
+        if new and step.cut is None:
+            self._since_classified += len(new)
+            stride = self._moderation.settings.moderation_classifier_stride_chars
+            if self._moderation.classifies and not self.classifying and self._since_classified >= stride:
+                step.classify = True
         return step
 
     def finish(self) -> Step:
         """The answer ended: its held-back word, checked as the end of the text."""
         new, self._held = self._held, ""
+        return self._pass(new)
+
+    def _pass(self, new: str) -> Step:
+        """``new`` (text whose words are complete) through the word list: relayed up to a cutting hit."""
         if not new:
             return Step()
         cut, flags, hit = self._check(new)

@@ -57,15 +57,8 @@ class FlagStore:
         """Write one flag; an answer's user and chat are read from its message when not given."""
         async with self._sessions() as session:
             if message_id is not None and user_id is None:
-                row = (
-                    await session.exec(
-                        select(DbMessage.user_id, DbMessage.chat_id).where(col(DbMessage.id) == message_id)
-                    )
-                ).first()
-                if row is not None:
-                    user_id, chat_id = row[0], chat_id or row[1]
-                if user_id is None and chat_id is not None:
-                    user_id = await self._chat_owner(session, chat_id)
+                user_id, its_chat = await self._owner(session, message_id)
+                chat_id = chat_id or its_chat
             session.add(
                 DbModerationFlag(
                     message_id=message_id,
@@ -83,20 +76,23 @@ class FlagStore:
     async def user_of(self, message_id: str) -> str | None:
         """Whose message it is: its own user (an API request's) or its chat's owner (a chat answer's)."""
         async with self._sessions() as session:
-            row = (
-                await session.exec(
-                    select(DbMessage.user_id, DbMessage.chat_id).where(col(DbMessage.id) == message_id)
-                )
-            ).first()
-            if row is None:
-                return None
-            if row[0] is not None:
-                return row[0]
-            return await self._chat_owner(session, row[1]) if row[1] is not None else None
+            user_id, _ = await self._owner(session, message_id)
+            return user_id
 
     @staticmethod
-    async def _chat_owner(session: AsyncSession, chat_id: str) -> str | None:
-        return (await session.exec(select(DbChat.user_id).where(col(DbChat.id) == chat_id))).first()
+    async def _owner(session: AsyncSession, message_id: str) -> tuple[str | None, str | None]:
+        """The message's user (its own, else its chat owner's) and chat; (None, None) for no message."""
+        row = (
+            await session.exec(
+                select(DbMessage.user_id, DbMessage.chat_id).where(col(DbMessage.id) == message_id)
+            )
+        ).first()
+        if row is None:
+            return None, None
+        user_id, chat_id = row
+        if user_id is None and chat_id is not None:
+            user_id = (await session.exec(select(DbChat.user_id).where(col(DbChat.id) == chat_id))).first()
+        return user_id, chat_id
 
     async def answer_flag(self, message_id: str) -> DbModerationFlag | None:
         """The flag that cut or replaced an answer, if any."""

@@ -18,12 +18,7 @@ from sqlmodel.ext.asyncio.session import AsyncSession
 from oasst_inference_server.broker import Broker
 from oasst_inference_server.db.models import DbModelAlias
 from oasst_inference_server.domain_errors import Conflict, InvalidRequest, NotFound
-from oasst_inference_server.routing.alias_store import (
-    count_aliases,
-    remove_alias,
-    store_alias,
-    stored_aliases,
-)
+from oasst_inference_server.routing.alias_store import remove_alias, store_alias, stored_aliases
 from oasst_inference_server.routing.alias_table import API, AliasEntry, announce_change
 from oasst_shared.model_configs import ModelConfig
 from oasst_shared.model_registry import ModelRegistry
@@ -103,7 +98,7 @@ class AliasAdmin:
             )
             if problems:
                 raise _refusal(problems)
-            if alias not in stored and await count_aliases(session) >= MAX_ALIASES:
+            if alias not in stored and len(stored) >= MAX_ALIASES:
                 raise Conflict("too_many_aliases", f"this server keeps at most {MAX_ALIASES} aliases")
             row = await store_alias(session, alias, route)
         await announce_change(self._broker, alias)

@@ -3,7 +3,6 @@ that they changed)."""
 
 from __future__ import annotations
 
-from sqlalchemy import func
 from sqlmodel import delete, select
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -13,10 +12,6 @@ from oasst_shared.model_routes import ModelRoute
 
 async def stored_aliases(session: AsyncSession) -> list[DbModelAlias]:
     return list((await session.exec(select(DbModelAlias).order_by(DbModelAlias.alias))).all())
-
-
-async def count_aliases(session: AsyncSession) -> int:
-    return int((await session.exec(select(func.count()).select_from(DbModelAlias))).one())
 
 
 async def store_alias(session: AsyncSession, alias: str, route: ModelRoute) -> DbModelAlias:

@@ -29,11 +29,10 @@ CONTENT_FILTER = "content_filter"
 class AnswerModeration(ConnectionCore):
     def _watch(self, record: InFlight) -> AnswerWatch | None:
         """The answer's watch (made at its first token), or None where answers are not moderated."""
-        moderation = self._moderation
-        if moderation is None or not moderation.on_answers or record.work is None:
+        if self._moderation is None or record.work is None:
             return None
         if record.moderation is None:
-            record.moderation = AnswerWatch(moderation, record.message_id)
+            record.moderation = AnswerWatch(self._moderation, record.message_id)
         watch: AnswerWatch = record.moderation
         return watch
 

@@ -121,7 +121,9 @@ class ConnectionCore:
         self._settings = settings
         self._broker = broker
         self._lifecycle = lifecycle
-        self._moderation = moderation  # the moderation hook on answers (:mod:`.answer_moderation`)
+        # The moderation hook on answers (:mod:`.answer_moderation`); None unless it checks answers, so a
+        # token costs nothing more while moderation is off.
+        self._moderation = moderation if moderation is not None and moderation.on_answers else None
         self._compliance = ComplianceHooks(
             Checked(worker_id, self.session_id, self.model_name),
             self.trust,

@@ -4,9 +4,6 @@ and taking the flag away ends the access at once."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -14,25 +11,13 @@ from typing import Any
 from fastapi import FastAPI
 
 from oasst_inference_server.auth.signed_tokens import create_token
-from oasst_inference_server.settings import Settings
+from tests.support.admin_cli import admin_cli
 from tests.support.api import ADMIN, API, User, assert_error
 
 pytestmark = API
 
 # What the web chat's admin page reads.
 PAGE_DATA = ["/admin/workers", "/admin/worker_sessions", "/admin/fleet", "/admin/queues"]
-
-
-def admin_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[str]:
-    """``oasst-server admin`` in a process of its own, on the app's database (as an operator runs it)."""
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("OASST_")}
-    env = {
-        **clean,
-        "OASST_SERVER_ENVIRONMENT": "development",
-        "OASST_SERVER_DATABASE_URL": settings.database_url,
-    }
-    argv = [sys.executable, "-m", "oasst_inference_server", "admin", *args]
-    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
 
 
 async def make_admin(

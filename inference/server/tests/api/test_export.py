@@ -5,9 +5,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
-import subprocess
-import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -15,7 +12,7 @@ import httpx
 
 from oasst_inference_server.chats.export import ExportSelection, export_lines
 from oasst_inference_server.chats.export.anonymizing import Anonymizer
-from oasst_inference_server.settings import Settings
+from tests.support.admin_cli import admin_cli_bytes
 from tests.support.api import ADMIN, API, User, answer, assert_error, finish_message, follow_up, start_chat
 from tests.support.oasst_export import NODE_FIELDS, TREE_FIELDS, Node, Tree, check_tree, read_lines
 from tests.support.sql_statements import recorded_statements
@@ -208,41 +205,31 @@ async def test_an_anonymized_export_hashes_every_id_and_keeps_the_tree(client, a
     assert read_lines(await exported("another seed, as long"))[0].message_tree_id != tree.message_tree_id
 
 
-def admin_cli(settings: Settings, *args: str) -> subprocess.CompletedProcess[bytes]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("OASST_")}
-    return subprocess.run(
-        [sys.executable, "-m", "oasst_inference_server", "admin", *args],
-        env={
-            **clean,
-            "OASST_SERVER_ENVIRONMENT": "development",
-            "OASST_SERVER_DATABASE_URL": settings.database_url,
-        },
-        capture_output=True,
-        timeout=120,
-    )
-
-
 async def test_the_admin_cli_writes_the_export_to_a_file_or_standard_output(
     client, app, login, settings, tmp_path
 ):
     user = await login()
     chat = await start_chat(client, user, "from the command line")
     path: Path = tmp_path / "export.jsonl.gz"
-    made = admin_cli(settings, "export", "--output", str(path), "--user-id", user.id, "--batch-size", "1")
+    made = admin_cli_bytes(
+        settings, "export", "--output", str(path), "--user-id", user.id, "--batch-size", "1"
+    )
     assert made.returncode == 0, made.stderr
     assert b"exported 1 message trees" in made.stderr
     (tree,) = read_lines(gzip.decompress(path.read_bytes()).decode())
     assert tree.message_tree_id == chat.chat_id and check_tree(tree)
     assert list(tmp_path.iterdir()) == [path]  # no partial file left
-    printed = admin_cli(settings, "export", "--user-id", user.id)
+    printed = admin_cli_bytes(settings, "export", "--user-id", user.id)
     assert printed.returncode == 0, printed.stderr
     assert [t.message_tree_id for t in read_lines(printed.stdout.decode())] == [chat.chat_id]
-    zipped = admin_cli(settings, "export", "--user-id", user.id, "--gzip")
+    zipped = admin_cli_bytes(settings, "export", "--user-id", user.id, "--gzip")
     assert [t.message_tree_id for t in read_lines(gzip.decompress(zipped.stdout).decode())] == [chat.chat_id]
-    hashed = admin_cli(settings, "export", "--user-id", user.id, "--anonymizer-seed", "0123456789abcdef")
+    hashed = admin_cli_bytes(
+        settings, "export", "--user-id", user.id, "--anonymizer-seed", "0123456789abcdef"
+    )
     assert hashed.returncode == 0 and chat.chat_id.encode() not in hashed.stdout
     assert len(read_lines(hashed.stdout.decode())) == 1
-    short = admin_cli(settings, "export", "--anonymizer-seed", "short")
+    short = admin_cli_bytes(settings, "export", "--anonymizer-seed", "short")
     assert short.returncode == 2 and b"at least 16 characters" in short.stderr
-    window = admin_cli(settings, "export", "--since", "2025-01-02", "--until", "2025-01-01")
+    window = admin_cli_bytes(settings, "export", "--since", "2025-01-02", "--until", "2025-01-01")
     assert window.returncode == 2 and b"since must be before until" in window.stderr

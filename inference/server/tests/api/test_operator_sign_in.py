@@ -6,31 +6,11 @@ against the same database as the app under test.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 from oasst_inference_server.auth.worker_keys import find_worker_by_key
-from oasst_inference_server.settings import Settings
+from tests.support.admin_cli import admin_cli
 from tests.support.api import API, assert_error
 
 pytestmark = API
-
-
-def admin_cli(settings: Settings, *args: str, **env: str) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("OASST_")}
-    return subprocess.run(
-        [sys.executable, "-m", "oasst_inference_server", "admin", *args],
-        env={
-            **clean,
-            "OASST_SERVER_ENVIRONMENT": "development",
-            "OASST_SERVER_DATABASE_URL": settings.database_url,
-            **env,
-        },
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
 
 
 async def test_an_api_key_from_the_admin_cli_opens_the_chat_api_but_not_key_management(client, settings):

@@ -10,6 +10,7 @@ from oasst_inference_server.moderation.answer_watch import AnswerWatch
 from oasst_inference_server.moderation.hook import Moderation
 from oasst_inference_server.moderation.word_list import UnsafePattern, WordList
 from oasst_inference_server.settings import Settings
+from oasst_inference_server.settings_sections.moderation import MAX_PATTERN_LENGTH
 
 
 def test_whole_words_and_phrases_case_insensitively():
@@ -82,3 +83,29 @@ def test_the_held_word_is_checked_at_the_end():
     assert watch.feed("l", None).release == ""
     final = watch.finish()
     assert final.cut is not None and final.release == ""
+
+
+def test_the_longest_word_an_entry_may_be_is_never_relayed_in_part():
+    longest = ("pneumono" * MAX_PATTERN_LENGTH)[:MAX_PATTERN_LENGTH]
+    config = Settings(moderation_enabled=True, moderation_word_lists={"bad": [longest]})
+    watch = AnswerWatch(Moderation(config, None), "m")  # type: ignore[arg-type]
+    relayed = ""
+    for token in ["say ", *(longest[i : i + 10] for i in range(0, len(longest), 10)), " ok"]:
+        step = watch.feed(token, None)
+        relayed += step.release
+        if step.cut is not None:
+            break
+    assert step.cut is not None and step.cut.categories == ["bad"]
+    assert relayed == "say "
+
+
+def test_without_a_word_list_nothing_is_held_back():
+    config = Settings(
+        moderation_enabled=True,
+        moderation_classifier_model="an-embedding-model",
+        moderation_classifier_categories={"c": {"examples": ["an example"]}},
+    )
+    watch = AnswerWatch(Moderation(config, None), "m")  # type: ignore[arg-type]
+    assert watch.feed("you will kil", None).release == "you will kil"
+    assert watch.feed("l", None).release == "l"
+    assert watch.finish().release == ""

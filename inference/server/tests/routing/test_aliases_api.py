@@ -196,3 +196,14 @@ async def test_the_alias_admin_needs_the_admin_token(client, user):
     assert (await client.get("/admin/aliases")).status_code == 401
     assert (await client.get("/admin/aliases", headers=user.headers)).status_code == 403
     assert_error(await client.delete(f"/admin/aliases/{alias_name()}", headers=ADMIN), 404, "alias_not_found")
+
+
+async def test_the_number_of_aliases_is_bounded_and_replacing_one_does_not_count(client, monkeypatch):
+    listed = (await client.get("/admin/aliases", headers=ADMIN)).json()["aliases"]
+    stored = sum(1 for a in listed if a["source"] == "api")
+    monkeypatch.setattr("oasst_inference_server.routing.alias_admin.MAX_ALIASES", stored + 1)
+    last = alias_name()
+    await put_alias(client, last, NO_WORKER)
+    refused = await client.put(f"/admin/aliases/{alias_name()}", json={"model": NO_WORKER}, headers=ADMIN)
+    assert_error(refused, 409, "too_many_aliases")
+    await put_alias(client, last, NO_WORKER)  # replaced: still one alias
