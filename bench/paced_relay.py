@@ -52,8 +52,8 @@ from bench.profile_hot_path import profile_during, py_spy, top_entries
 from bench.relay_targets import ChatSupply
 from bench.report import Report, Table, Target, fmt_ratio, num
 from bench.script import int_list, main_wrapper, parser
-from bench.stack import INSTANT_MODEL, BenchRun, Server, wait_workers
-from tests.support.processes import ManagedProcess
+from bench.stack import INSTANT_MODEL, BenchRun, Server
+from tests.support.processes import ManagedProcess, wait_for_model
 from tests.support.stacks import MODEL_NAME
 
 PROMPT = "Tell me a long story about a lighthouse keeper."
@@ -469,7 +469,7 @@ def _stack(
         bench.start_worker(server.url, backend, model=model, max_parallel=-(-slots // count))
         for _ in range(count)
     ]
-    wait_workers(server.url, model, count)
+    wait_for_model(server.url, model, workers=count)
     return server, workers
 
 
