@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 
 import httpx
 
+from bench.clients import stream_tgi
 from bench.measure import cpu_seconds
 from bench.report import Report, Table, Target
 from bench.script import main_wrapper, parser
@@ -49,25 +49,11 @@ def unrelated_prompt(index: int) -> str:
 
 
 async def stream(client: httpx.AsyncClient, url: str, prompt: str, tokens: int) -> tuple[float, int, str]:
-    """Seconds to the first token, tokens generated, the text."""
-    body = {"inputs": prompt, "parameters": {"max_new_tokens": tokens}}
-    started = time.perf_counter()
-    first: float | None = None
-    count, text = 0, ""
-    async with client.stream("POST", f"{url}/generate_stream", json=body) as response:
-        response.raise_for_status()
-        async for line in response.aiter_lines():
-            if not line.startswith("data:"):
-                continue
-            event = json.loads(line[5:])
-            if "error" in event:
-                raise RuntimeError(event["error"])
-            if first is None:
-                first = time.perf_counter() - started
-            count += 1
-            if event.get("generated_text") is not None:
-                text = event["generated_text"]
-    return first or 0.0, count, text
+    """Seconds to the first token, tokens generated, the text (a stream that failed raises)."""
+    result = await stream_tgi(client, url, prompt, tokens)
+    if not result.ok or result.ttft is None:
+        raise RuntimeError(f"a stream of the CPU backend failed: {result.error}")
+    return result.ttft, result.tokens, result.text
 
 
 async def tokens_per_second(

@@ -26,7 +26,8 @@ from bench.clients import OurApi, http_client
 from bench.measure import message_times, percentile
 from bench.report import Report, Table, Target, ms
 from bench.script import int_list, main_wrapper, parser
-from bench.stack import BenchRun, connect_synthetic_worker, instant_model_config, wait_workers
+from bench.stack import BenchRun, connect_synthetic_worker, instant_model_config
+from tests.support.processes import wait_for_model
 from tests.support.services import REDIS_URL
 
 PROMPT = "Dispatch me."
@@ -198,7 +199,7 @@ async def _measure(
         try:
             for i in range(0, level, 20):
                 await asyncio.gather(*(w.start() for w in workers[i : i + 20]))
-            await asyncio.to_thread(wait_workers, server.url, model_name, level)
+            await asyncio.to_thread(wait_for_model, server.url, model_name, workers=level)
             await asyncio.sleep(0.5)
             setups = [await _setup(api, token) for _ in range(samples + 3)]
             sent: dict[str, float] = {}

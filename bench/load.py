@@ -1,9 +1,11 @@
 """Load shapes and their summary: many users logged in at once, a closed loop of ``concurrency`` streams
-(:func:`closed_loop`, :func:`prepare_ours`), and what a load's results add up to (:class:`LoadSummary`)."""
+(:func:`closed_loop`, :func:`prepare_ours`), loops that run until a deadline (:func:`until`), and what a
+load's results add up to (:class:`LoadSummary`)."""
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -48,6 +50,29 @@ async def closed_loop(
             results.append(await request(k, index))
 
     await asyncio.gather(*(task(k) for k in range(c)))
+    return results
+
+
+async def until(
+    deadline: float,
+    request: Callable[[int, int], Awaitable[StreamResult]],
+    tasks: int,
+    *,
+    stagger: float = 0.0,
+    clock: Callable[[], float] = time.monotonic,
+) -> list[StreamResult]:
+    """``tasks`` loops, each sending ``request(task, index)`` back to back (index 0, 1, ...) until
+    ``deadline`` (a ``clock()`` value); task k starts ``stagger * k / tasks`` seconds late."""
+    results: list[StreamResult] = []
+
+    async def task(k: int) -> None:
+        await asyncio.sleep(stagger * k / tasks)
+        i = 0
+        while clock() < deadline:
+            results.append(await request(k, i))
+            i += 1
+
+    await asyncio.gather(*(task(k) for k in range(tasks)))
     return results
 
 

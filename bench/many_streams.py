@@ -36,7 +36,8 @@ from bench.measure import cpu_seconds, message_times, peak_rss_mb, percentile, r
 from bench.profile_hot_path import profile_during, py_spy, top_entries
 from bench.report import Report, Table, Target, ms, num
 from bench.script import main_wrapper, parser
-from bench.stack import BenchRun, connect_synthetic_worker, instant_model_config, wait_workers
+from bench.stack import BenchRun, connect_synthetic_worker, instant_model_config
+from tests.support.processes import wait_for_model
 
 TOKENS = 4  # per stream: one at once, the rest after the release
 USERS = 100
@@ -214,7 +215,7 @@ async def run(args: argparse.Namespace) -> Report:
         try:
             for i in range(0, workers, 50):
                 await asyncio.gather(*(w.start() for w in pool[i : i + 50]))
-            await asyncio.to_thread(wait_workers, server.url, model, workers, 120)
+            await asyncio.to_thread(wait_for_model, server.url, model, 120, workers)
             async with http_client(total) as client:
                 api = OurApi(client, server.url)
                 users = await login_users(api, min(USERS, total), f"many-{uuid.uuid4().hex[:6]}")

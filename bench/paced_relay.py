@@ -46,14 +46,14 @@ import httpx
 
 from bench.clients import OurApi, StreamResult, http_client, stream_openai
 from bench.litellm_compare import DEFAULT_VENV, ensure_litellm, start_litellm
-from bench.load import login_users, summarize
+from bench.load import login_users, summarize, until
 from bench.measure import cpu_seconds, median, ratio, tree_pids
-from bench.profile_hot_path import profile_during, py_spy, top_entries
+from bench.profile_hot_path import profile_during, py_spy, report_profiles
 from bench.relay_targets import ChatSupply
 from bench.report import Report, Table, Target, fmt_ratio, num
 from bench.script import int_list, main_wrapper, parser
-from bench.stack import INSTANT_MODEL, BenchRun, Server, wait_workers
-from tests.support.processes import ManagedProcess
+from bench.stack import INSTANT_MODEL, BenchRun, Server
+from tests.support.processes import ManagedProcess, wait_for_model
 from tests.support.stacks import MODEL_NAME
 
 PROMPT = "Tell me a long story about a lighthouse keeper."
@@ -180,17 +180,10 @@ async def paced_window(
     process across ``window`` seconds once all run. New streams stop at the window's end; the ones open then
     finish before this returns. ``whole`` (tiny mode): the CPU and the tokens of the whole run instead, from
     before the first request to the last stream's end (a slow machine cannot leave the window empty)."""
-    results: list[StreamResult] = []
     start = time.perf_counter()
     t0 = start + stagger + min(1.0, level.answer_seconds / 4)
     t1 = t0 + window
-
-    async def stream(k: int) -> None:
-        await asyncio.sleep(stagger * k / level.streams)
-        i = 0
-        while time.perf_counter() < t1:
-            results.append(await request(k, i))
-            i += 1
+    streams = until(t1, request, level.streams, stagger=stagger, clock=time.perf_counter)
 
     async def marks() -> tuple[dict[str, float], dict[str, float], float]:
         await asyncio.sleep(max(0.0, t0 - time.perf_counter()))
@@ -201,12 +194,11 @@ async def paced_window(
 
     if whole:
         before = cpu.read()
-        await asyncio.gather(*(stream(k) for k in range(level.streams)))
+        results = await streams
         after, end = cpu.read(), time.perf_counter()
         w0, t1, wall = start, end, end - start
     else:
-        streams = asyncio.gather(*(stream(k) for k in range(level.streams)))
-        (before, after, wall), _ = await asyncio.gather(marks(), streams)
+        (before, after, wall), results = await asyncio.gather(marks(), streams)
         w0 = t1 - wall
     tokens = sum(tokens_in(r, w0, t1) for r in results)
     paces = [
@@ -220,21 +212,6 @@ async def paced_window(
         and r.last_token > w0
     ]
     return Window(tokens, wall, cpu.busy(before, after, wall), results, median(paces))
-
-
-async def drive_until(request: Request, level: Level, stagger: float, deadline: float) -> list[StreamResult]:
-    """Streams back to back until ``deadline`` (``time.monotonic()``), for a profile."""
-    results: list[StreamResult] = []
-
-    async def stream(k: int) -> None:
-        await asyncio.sleep(stagger * k / level.streams)
-        i = 0
-        while time.monotonic() < deadline:
-            results.append(await request(k, i))
-            i += 1
-
-    await asyncio.gather(*(stream(k) for k in range(level.streams)))
-    return results
 
 
 def make_paths(
@@ -469,7 +446,7 @@ def _stack(
         bench.start_worker(server.url, backend, model=model, max_parallel=-(-slots // count))
         for _ in range(count)
     ]
-    wait_workers(server.url, model, count)
+    wait_for_model(server.url, model, workers=count)
     return server, workers
 
 
@@ -618,33 +595,13 @@ async def _profiles(
         async def drive(
             deadline: float, request: Request = request, results: list[StreamResult] = results
         ) -> None:
-            results.extend(await drive_until(request, level, stagger, deadline))
+            results.extend(await until(deadline, request, level.streams, stagger=stagger))
 
         sampled = await profile_during(spy, pids, seconds + stagger, args.rate_py_spy, log_dir, drive)
         load = summarize(results)
         scenario = f"{name}, {level.streams} streams at {level.rate:g} tokens a second"
         entry: dict[str, object] = {"requests": load.requests, "errors": load.errors}
-        for process, profile in sampled.profiles.items():
-            if profile is None or profile.samples == 0:
-                errors = " | ".join(sampled.errors)[:300]
-                report.notes.append(
-                    f"profile under {scenario}: py-spy sampled nothing of the {process} {errors}"
-                )
-                continue
-            busy = 100 * sampled.cpu[process] / sampled.wall if sampled.wall > 0 else None
-            report.tables.append(
-                top_entries(
-                    f"Profile at the model's pace: the {process} under {scenario} "
-                    f"({profile.samples} busy samples, {num(busy)} % CPU)",
-                    profile,
-                )
-            )
-            entry[process] = {
-                "samples": profile.samples,
-                "layers": dict(profile.layers.most_common(8)),
-                "own": dict(profile.own.most_common(10)),
-                "innermost_project_frame": dict(profile.nearest.most_common(10)),
-            }
+        entry |= report_profiles(report, sampled, "Profile at the model's pace", scenario)
         profiles[name] = entry
     report.metrics["profiles"] = profiles
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.clients import OurApi, StreamResult, http_client
-from bench.load import login_users, summarize
+from bench.load import login_users, summarize, until
 from bench.measure import cpu_seconds
 from bench.report import Report, Table, num
 from bench.script import main_wrapper, parser
@@ -238,6 +238,32 @@ def top_entries(label: str, profile: Profile, layers: int = 5, frames: int = 6) 
     return table
 
 
+def report_profiles(report: Report, sampled: Sampled, heading: str, scenario: str) -> dict[str, object]:
+    """Each sampled process's :func:`top_entries` into ``report`` ("``heading``: the server under
+    ``scenario``") and its summary for the metrics, by process; a note for a process py-spy sampled
+    nothing of."""
+    entry: dict[str, object] = {}
+    for process, profile in sampled.profiles.items():
+        if profile is None or profile.samples == 0:
+            errors = " | ".join(sampled.errors)[:300]
+            report.notes.append(
+                f"{heading}: py-spy sampled nothing of the {process} under {scenario} {errors}".rstrip()
+            )
+            continue
+        busy = 100 * sampled.cpu[process] / sampled.wall if sampled.wall > 0 else None
+        title = (
+            f"{heading}: the {process} under {scenario} ({profile.samples} busy samples, {num(busy)} % CPU)"
+        )
+        report.tables.append(top_entries(title, profile))
+        entry[process] = {
+            "samples": profile.samples,
+            "layers": dict(profile.layers.most_common(8)),
+            "own": dict(profile.own.most_common(10)),
+            "innermost_project_frame": dict(profile.nearest.most_common(10)),
+        }
+    return entry
+
+
 async def run(args: argparse.Namespace) -> Report:
     concurrency = args.concurrency or (4 if args.tiny else 20)
     duration = args.duration or (2.0 if args.tiny else 20.0)
@@ -265,11 +291,7 @@ async def run(args: argparse.Namespace) -> Report:
             results: list[StreamResult] = []
 
             async def drive(deadline: float) -> None:
-                async def loop(k: int) -> None:
-                    while time.monotonic() < deadline:
-                        results.append(await _one(api, users[k], tokens))
-
-                await asyncio.gather(*(loop(k) for k in range(concurrency)))
+                results.extend(await until(deadline, lambda k, _: _one(api, users[k], tokens), concurrency))
 
             sampled = await profile_during(spy, targets, duration, args.rate, bench.log_dir, drive)
             cpu, wall = sampled.cpu, sampled.wall

@@ -28,8 +28,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
-import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -39,9 +37,9 @@ import httpx
 
 from bench.clients import OurApi, StreamResult, http_client, stream_openai
 from bench.litellm_compare import DEFAULT_VENV, ensure_litellm, start_litellm
-from bench.load import LoadSummary, closed_loop, login_users, summarize
+from bench.load import LoadSummary, closed_loop, login_users, summarize, until
 from bench.measure import cpu_seconds, diff, ratio, tree_pids
-from bench.profile_hot_path import profile_during, py_spy, top_entries
+from bench.profile_hot_path import profile_during, py_spy, report_profiles
 from bench.report import Report, Table, Target, fmt_ratio, ms, num, signed_ms
 from bench.script import main_wrapper, parser
 from bench.stack import INSTANT_MODEL, BenchRun
@@ -412,18 +410,6 @@ def _scenarios(report: Report, lengths: list[int]) -> list[tuple[str, str, int, 
     return out
 
 
-async def _until(deadline: float, *, request: Request, tasks: int, results: list[StreamResult]) -> None:
-    """``tasks`` closed loops of ``request`` until ``deadline`` (``time.monotonic()``)."""
-
-    async def loop(k: int) -> None:
-        i = 0
-        while time.monotonic() < deadline:
-            results.append(await request(k, i))
-            i += 1
-
-    await asyncio.gather(*(loop(k) for k in range(tasks)))
-
-
 async def _profile_unmet(
     report: Report,
     args: argparse.Namespace,
@@ -455,29 +441,20 @@ async def _profile_unmet(
         workers = len(users)
         results: list[StreamResult] = []
 
-        drive = functools.partial(_until, request=request, tasks=workers, results=results)
+        async def drive(
+            deadline: float,
+            request: Request = request,
+            tasks: int = workers,
+            results: list[StreamResult] = results,
+        ) -> None:
+            results.extend(await until(deadline, request, tasks))
+
         chosen = {name: pid for name, pid in pids.items() if name in profiled}
         sampled = await profile_during(spy, chosen, seconds, args.rate, log_dir, drive)
         load = summarize(results)
         scenario = f"{path}, {tokens}-token streams, {workers} at a time"
         entry: dict[str, object] = {"scenario": scenario, "requests": load.requests, "errors": load.errors}
-        for name, profile in sampled.profiles.items():
-            if profile is None or profile.samples == 0:
-                report.notes.append(f"profile of '{target}': py-spy sampled nothing of the {name}")
-                continue
-            busy = 100 * sampled.cpu[name] / sampled.wall if sampled.wall > 0 else None
-            report.tables.append(
-                top_entries(
-                    f"What limits '{target}': the {name} under {scenario} "
-                    f"({profile.samples} busy samples, {num(busy)} % CPU)",
-                    profile,
-                )
-            )
-            entry[name] = {
-                "samples": profile.samples,
-                "layers": dict(profile.layers.most_common(5)),
-                "innermost_project_frame": dict(profile.nearest.most_common(8)),
-            }
+        entry |= report_profiles(report, sampled, f"What limits '{target}'", scenario)
         profiles[target] = entry
     report.metrics["profiles"] = profiles
 

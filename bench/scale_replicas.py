@@ -28,7 +28,8 @@ from bench.load import LoadSummary, closed_loop, login_users, prepare_ours, summ
 from bench.measure import cpu_seconds, peak_rss_mb, ratio, tree_pids
 from bench.report import Report, Table, Target, fmt_ratio, ms, num
 from bench.script import int_list, main_wrapper, parser
-from bench.stack import INSTANT_MODEL, BenchRun, wait_workers
+from bench.stack import INSTANT_MODEL, BenchRun
+from tests.support.processes import wait_for_model
 
 PROMPT = "Tell me about scaling out."
 
@@ -106,7 +107,7 @@ async def run(args: argparse.Namespace) -> Report:
                         procs[w] = bench.start_worker(
                             servers[1].url, backend, model=INSTANT_MODEL, max_parallel=slots
                         )
-                wait_workers(servers[0].url, INSTANT_MODEL, workers)
+                wait_for_model(servers[0].url, INSTANT_MODEL, workers=workers)
                 apis = [OurApi(client, s.url) for s in servers]
                 users = await login_users(apis[0], concurrency, f"scale{replicas}")
                 timed = await prepare_ours(apis, users, concurrency, total, INSTANT_MODEL, tokens, PROMPT)
@@ -183,7 +184,7 @@ async def _processes(
             bench.start_worker(server.url, backend, model=INSTANT_MODEL, max_parallel=slots)
             for _ in range(workers)
         ]
-        wait_workers(server.url, INSTANT_MODEL, workers)
+        wait_for_model(server.url, INSTANT_MODEL, workers=workers)
         api = OurApi(client, server.url)
         users = await login_users(api, concurrency, f"processes{count}")
         timed = await prepare_ours([api], users, concurrency, total, INSTANT_MODEL, tokens, PROMPT)

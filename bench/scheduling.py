@@ -25,7 +25,8 @@ from bench.clients import OurApi, http_client
 from bench.measure import percentile
 from bench.report import Report, Table, Target
 from bench.script import main_wrapper, parser
-from bench.stack import INSTANT_MODEL, BenchRun, wait_workers
+from bench.stack import INSTANT_MODEL, BenchRun
+from tests.support.processes import wait_for_model
 
 PROMPT = "Tell me something."
 
@@ -40,7 +41,7 @@ async def one_run(args: argparse.Namespace, fair: bool) -> dict[str, object]:
         )
         for _ in range(args.worker_count):
             bench.start_worker(server.url, backend, model=INSTANT_MODEL, max_parallel=args.slots)
-        wait_workers(server.url, INSTANT_MODEL, args.worker_count)
+        wait_for_model(server.url, INSTANT_MODEL, workers=args.worker_count)
         async with http_client(64) as client:
             api = OurApi(client, server.url)
             heavy = await api.login(f"heavy-{uuid.uuid4().hex[:6]}")

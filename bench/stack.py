@@ -15,17 +15,14 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from bench import ROOT
-from tests.support.processes import ManagedProcess, free_port, wait_http_ok
+from tests.support.processes import ManagedProcess, free_port, wait_for_model, wait_http_ok
 from tests.support.services import REDIS_URL, create_database, delete_redis_prefix, drop_database
 from tests.support.stacks import MODEL_NAME, WORKER_API_KEY
 
@@ -208,7 +205,7 @@ class BenchRun:
             self.start_worker(server.url, backend_url, model=model, max_parallel=max_parallel)
             for _ in range(workers)
         ]
-        wait_workers(server.url, model, workers)
+        wait_for_model(server.url, model, workers=workers)
         return server, procs
 
 
@@ -255,18 +252,3 @@ def instant_model_config(name: str = INSTANT_MODEL) -> Any:
         chat_template_source="backend",
         eos_token="<|im_end|>",
     )
-
-
-def wait_workers(server_url: str, model: str, count: int, timeout: float = 60) -> None:
-    """Wait until ``count`` workers serve ``model`` (as /configs/model_configs reports them)."""
-    deadline = time.monotonic() + timeout
-    seen = 0
-    while time.monotonic() < deadline:
-        with contextlib.suppress(httpx.HTTPError, ValueError, TypeError, KeyError):
-            for config in httpx.get(f"{server_url}/configs/model_configs", timeout=5).json():
-                if config["name"] == model:
-                    seen = int(config.get("worker_count", count))
-                    if seen >= count:
-                        return
-        time.sleep(0.2)
-    raise RuntimeError(f"only {seen} of {count} workers for {model} registered at {server_url}")

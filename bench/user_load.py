@@ -30,7 +30,8 @@ from bench.clients import OurApi, StreamResult, http_client, stream_tgi
 from bench.measure import message_times, percentile
 from bench.report import Report, Table, ms, num
 from bench.script import int_list, main_wrapper, parser
-from bench.stack import INSTANT_MODEL, BenchRun, wait_workers
+from bench.stack import INSTANT_MODEL, BenchRun
+from tests.support.processes import wait_for_model
 from tests.support.stacks import MODEL_NAME
 
 PROMPTS = [
@@ -211,7 +212,7 @@ async def run(args: argparse.Namespace) -> Report:
         models = {"cpu": MODEL_NAME, "instant": INSTANT_MODEL}
         for name, url in urls.items():
             bench.start_worker(server.url, url, model=models[name], max_parallel=2 if name == "cpu" else 250)
-            wait_workers(server.url, models[name], 1)
+            wait_for_model(server.url, models[name])
         async with http_client(max(user_levels)) as client:
             api = OurApi(client, server.url)
             for name, url in urls.items():

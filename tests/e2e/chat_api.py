@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 
 from tests.support.clients import closing
+from tests.support.sse import sse_events
 
 
 @dataclass
@@ -72,19 +73,11 @@ class ChatApi:
             "GET", f"/chats/{chat_id}/messages/{message_id}/events", headers=headers
         ) as response:
             response.raise_for_status()
-            event_id: str | None = None
-            data: list[str] = []
-            for line in response.iter_lines():
-                if line.startswith("id:"):
-                    event_id = line[3:].strip()
-                elif line.startswith("data:"):
-                    data.append(line[5:].lstrip(" "))
-                elif line == "" and data:
-                    event = SseEvent(event_id, json.loads("\n".join(data)))
-                    event_id, data = None, []
-                    yield event
-                    if event.data["event_type"] in ("message", "error"):
-                        return
+            for event_id, data in sse_events(response.iter_lines()):
+                event = SseEvent(event_id, json.loads(data))
+                yield event
+                if event.data["event_type"] in ("message", "error"):
+                    return
 
     def ask(self, chat_id: str, content: str, model: str, parent_id: str | None = None, **sampling: Any):
         """Send a prompt, queue an answer, and return (assistant message id, events)."""

@@ -6,7 +6,6 @@ usage); the server's hit counter says so."""
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -53,21 +52,10 @@ def two_worker_stack(
             # One job at a time each: two first turns sent together go one to each worker.
             stack.start_worker(cpu_backend.url, OASST_WORKER_MAX_PARALLEL_REQUESTS="1")
             stack.start_worker(second_backend.url, OASST_WORKER_MAX_PARALLEL_REQUESTS="1")
-            wait_for_model(stack.url, MODEL_NAME)
-            wait_for_workers(stack.url, 2)
+            wait_for_model(stack.url, MODEL_NAME, workers=2)
             yield stack
         finally:
             stack.stop()
-
-
-def wait_for_workers(url: str, count: int, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        models = httpx.get(f"{url}/configs/model_configs", timeout=10).json()
-        if any(m["name"] == MODEL_NAME and m["worker_count"] >= count for m in models):
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"fewer than {count} workers of {MODEL_NAME} connected")
 
 
 def affinity_counts(url: str) -> dict[str, float]:

@@ -106,6 +106,14 @@ async def worker_of(base_url: str, model: str, timeout: float = 20.0) -> dict[st
             await asyncio.sleep(0.1)
 
 
+async def move(http: httpx.AsyncClient, session_id: str, model: str) -> None:
+    """Tell a worker (by its session) to load ``model`` through the admin API: accepted."""
+    moved = await http.post(
+        "/admin/fleet/moves", json={"session_id": session_id, "model_config_name": model}, headers=ADMIN
+    )
+    assert moved.status_code == 202, moved.text
+
+
 async def stream_chat(http: httpx.AsyncClient, model: str) -> tuple[str, str]:
     """(the raw stream, the answer's text) of a streamed chat completion."""
     body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "stream": True, "max_tokens": 8}
@@ -231,12 +239,7 @@ async def test_the_admin_api_shows_the_fleet_and_moves_a_worker(server):
                 if code is not None:
                     assert code in refused.text
             assert (await http.post("/admin/fleet/moves", json=refusals[0][0])).status_code == 401
-            moved = await http.post(
-                "/admin/fleet/moves",
-                json={"session_id": session_id, "model_config_name": second},
-                headers=ADMIN,
-            )
-            assert moved.status_code == 202, moved.text
+            await move(http, session_id, second)
         load = await worker.next("load_model")
         await worker.report(load, "draining", "unloading", "quantizing")
 
@@ -282,12 +285,7 @@ async def test_a_worker_is_moved_from_a_replica_that_does_not_hold_its_socket(re
     try:
         session_id = (await worker_of(other, first))["session_id"]
         async with httpx.AsyncClient(base_url=other, timeout=20) as http:
-            moved = await http.post(
-                "/admin/fleet/moves",
-                json={"session_id": session_id, "model_config_name": second},
-                headers=ADMIN,
-            )
-            assert moved.status_code == 202, moved.text
+            await move(http, session_id, second)
             load = await worker.next("load_model")
             await worker.report(load, "draining", "loading", "ready")
             await worker.announce(switchable_info(second, [first, second]))

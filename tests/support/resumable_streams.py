@@ -15,6 +15,7 @@ import openai
 from tests.support.cutting_proxy import CuttingProxy
 from tests.support.fake_oauth import ServerThread
 from tests.support.processes import free_port
+from tests.support.sse import sse_events
 
 
 @dataclass
@@ -25,20 +26,7 @@ class SseEvent:
 
 def read_events(response: httpx.Response) -> list[SseEvent]:
     """Every event of an SSE response (comments skipped), until the stream ends."""
-    events: list[SseEvent] = []
-    event_id: str | None = None
-    data: list[str] = []
-    for line in response.iter_lines():
-        if line.startswith("id:"):
-            event_id = line[3:].strip()
-        elif line.startswith("data:"):
-            data.append(line[5:].strip())
-        elif line == "" and data:
-            events.append(SseEvent(event_id, "\n".join(data)))
-            event_id, data = None, []
-    if data:
-        events.append(SseEvent(event_id, "\n".join(data)))
-    return events
+    return [SseEvent(event_id, data) for event_id, data in sse_events(response.iter_lines())]
 
 
 def text_of(events: list[SseEvent], chat: bool = True) -> str:
