@@ -61,8 +61,19 @@ def approximate_tokens(text: str) -> int:
 
 
 class InstantBackend:
-    def __init__(self, chunk: int = 8, token_delay: float = 0.0, token_rate: float = 0.0):
-        # Paced by a rate: one token per write, each at a tick of the shared clock.
+    def __init__(
+        self,
+        chunk: int = 8,
+        token_delay: float = 0.0,
+        token_rate: float = 0.0,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ):
+        # Paced by a rate: one token per write, each at a tick of the shared clock (``clock`` and
+        # ``sleep``: a test's virtual time).
+        self._clock = clock
+        self._sleep = sleep
         self.chunk = 1 if token_rate > 0 else max(1, chunk)
         self.token_delay = token_delay
         self.tick = 1 / token_rate if token_rate > 0 else 0.0
@@ -254,9 +265,9 @@ class InstantBackend:
         await send({"type": "http.response.body", "body": b"".join(lines), "more_body": more})
         if self.tick > 0 and more:
             # Until the next tick of the clock every stream shares (a batching model's decode step).
-            await asyncio.sleep(self.tick - time.monotonic() % self.tick)
+            await self._sleep(self.tick - self._clock() % self.tick)
         elif self.token_delay > 0:
-            await asyncio.sleep(self.token_delay)
+            await self._sleep(self.token_delay)
         else:
             await asyncio.sleep(0)  # let other streams run between chunks
 

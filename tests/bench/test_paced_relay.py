@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from typing import Any
 
 import pytest
@@ -27,11 +26,27 @@ def test_tokens_in_a_window_are_prorated_over_the_stream():
     assert tokens_in(StreamResult(started=0.0), 0.0, 10.0) == 0
 
 
+class VirtualClock:
+    """Time that moves only when a sleeper wakes: the pacing is checked without the machine's timing."""
+
+    def __init__(self, start: float) -> None:
+        self.now = start
+
+    def time(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        wake = self.now + seconds
+        await asyncio.sleep(0)  # the other streams run meanwhile
+        self.now = max(self.now, wake)
+
+
 def test_paced_backend_sends_one_token_an_event_on_a_shared_clock():
-    """Two streams at 5 tokens a second: each token its own body write, after the first one each at a tick
+    """Two streams at 4 tokens a second: each token its own body write, after the first one each at a tick
     of the clock both share (a batching model's decode steps), one tick apart."""
-    tick = 1 / 5
-    backend = InstantBackend(token_rate=1 / tick)
+    tick = 1 / 4  # exact in binary: the ticks are compared exactly
+    clock = VirtualClock(start=10.3)  # between ticks
+    backend = InstantBackend(token_rate=1 / tick, clock=clock.time, sleep=clock.sleep)
     writes: dict[int, list[tuple[float, bytes]]] = {0: [], 1: []}
 
     async def stream(k: int) -> None:
@@ -43,7 +58,7 @@ def test_paced_backend_sends_one_token_an_event_on_a_shared_clock():
 
         async def send(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.body":
-                writes[k].append((time.monotonic(), message["body"]))
+                writes[k].append((clock.time(), message["body"]))
 
         await backend(scope, receive, send)
 
@@ -54,9 +69,11 @@ def test_paced_backend_sends_one_token_an_event_on_a_shared_clock():
     for k in (0, 1):
         assert [body.count(b"data:") for _, body in writes[k]] == [1, 1, 1, 1]
         later = [at for at, _ in writes[k][1:]]
-        # Each later token at a tick of the shared clock (what may be late is the loop, never early).
-        assert all(at % tick < tick / 2 for at in later), [at % tick for at in later]
-        assert all(b - a > tick / 2 for a, b in zip(later, later[1:], strict=False))
+        # Each later token at a tick of the shared clock, one tick after the one before.
+        assert all(at % tick == 0 for at in later), later
+        assert all(b - a == tick for a, b in zip(later, later[1:], strict=False)), later
+    # Both streams' tokens at the same ticks: one decode step gives each stream its next token.
+    assert [at for at, _ in writes[0]] == [at for at, _ in writes[1]]
 
 
 @pytest.mark.slow
