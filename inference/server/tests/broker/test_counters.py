@@ -4,7 +4,6 @@ charges at most once per name, and two replicas on one Redis that never let a bu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -76,20 +75,6 @@ def test_window_buckets_leave_the_window_and_free_room() -> None:
     now[0] = 1060.0
     assert counters.check([check]) is None
     assert counters.read([("w", 60)]) == [2]
-
-
-@pytest.fixture
-async def replicas(
-    redis_url: str, redis_prefix: Callable[[], str]
-) -> AsyncIterator[tuple[RedisBroker, RedisBroker]]:
-    """Two replicas' brokers on one deployment's keys."""
-    prefix = redis_prefix()
-    brokers = (RedisBroker(redis_url, key_prefix=prefix), RedisBroker(redis_url, key_prefix=prefix))
-    for b in brokers:
-        await b.start()
-    yield brokers
-    for b in brokers:
-        await b.close()
 
 
 @pytest.mark.redis
