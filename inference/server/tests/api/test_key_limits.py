@@ -236,6 +236,12 @@ async def test_a_retried_report_is_not_charged_twice(client, app, user, model) -
     await generate(client, app, headers, chat(model), prompt=20, completion=20)  # 40 of 60
     async with app.state.session_factory() as session:
         message = (await session.exec(select(DbMessage).where(DbMessage.api_key_id == key_id))).one()
+    # The worker's report again: the generation ended once (the database), so it is not charged again.
+    assert message.worker_session_id is not None
+    again = GeneratedText(
+        message_id=message.id, text="ok", finish_reason="length", generated_tokens=20, prompt_tokens=20
+    )
+    assert not await app.state.lifecycle.complete(message.worker_session_id, again)
     assert not await app.state.lifecycle.usage_charger.charge(message)  # the same generation again
     await generate(client, app, headers, chat(model), prompt=10, completion=10)  # 60: room was left
 
