@@ -28,6 +28,7 @@ from oasst_shared.schemas import MessageState
 from tests.support import store_apps
 from tests.support.api import ADMIN, API, sign_in, start_chat
 from tests.support.sessions import session_record
+from tests.support.sql_statements import recorded_statements
 from tests.support.store_apps import new_key, put_limits, refused
 
 pytestmark = API
@@ -228,6 +229,21 @@ async def test_a_token_budget_stops_the_key_once_the_reports_reach_it(client, ap
     # Raising the budget lets the key in again, with what it used still counted.
     await put_limits(client, f"keys/{key_id}", budget_tokens=150, budget_period="day")
     await generate(client, app, headers, chat(model), prompt=10, completion=10)
+
+
+async def test_a_request_reads_its_limits_once(client, app, user, model) -> None:
+    """Admission reads the key's and the user's limits in one query, once per request (the budget's
+    usage is read from the database only when its counter is missing, not per request)."""
+    key_id, headers = await new_key(client, user)
+    await put_limits(
+        client, f"keys/{key_id}", requests_per_minute=50, budget_tokens=10_000, budget_period="day"
+    )
+    await put_limits(client, f"users/{user.id}", tokens_per_minute=10_000)
+    await generate(client, app, headers, chat(model), prompt=5, completion=5)  # the budget's counter is built
+    with recorded_statements(app) as statements:
+        await generate(client, app, headers, chat(model), prompt=5, completion=5)
+    assert sum("FROM usage_limit" in s for s in statements) == 1, statements
+    assert not [s for s in statements if "usage_record" in s], statements  # no rebuild of the budget
 
 
 async def test_a_retried_report_is_not_charged_twice(client, app, user, model) -> None:
