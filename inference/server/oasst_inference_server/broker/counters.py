@@ -21,6 +21,8 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
+_FIRST_SWEEP = 1024  # entries of the in-process counters before their first sweep
+
 
 class CounterCheck(NamedTuple):
     """``name`` has room when what it holds plus ``max(need, 1)`` is at most ``limit``; when every check
@@ -73,25 +75,32 @@ def window_retry_after(
 
 
 class MemoryCounters:
-    """The counters of the in-process broker (one server process)."""
+    """The counters of the in-process broker (one server process), with the Redis scripts' semantics
+    (:mod:`.counters_lua`): a zero amount (a need of 0 or less) changes nothing, a ttl is at least a
+    second. What expired is swept once the entries have doubled since the last sweep, so they stay
+    bounded by what is alive (as Redis' expiries bound its keys)."""
 
     def __init__(self, clock: Callable[[], float] = time.time) -> None:
         self._clock = clock
         self._windows: dict[str, dict[int, int]] = {}  # name -> second -> amount
+        self._window_lengths: dict[str, int] = {}  # name -> its window (s), as last used
         self._plain: dict[str, tuple[int, float]] = {}  # name -> (value, expires at)
         self._once: dict[str, float] = {}  # marker -> expires at
+        self._sweep_at = _FIRST_SWEEP  # entries (all three) that trigger the next sweep
 
     def _window(self, name: str, window: int, now: int) -> dict[int, int]:
         buckets = self._windows.setdefault(name, {})
+        self._window_lengths[name] = window
         for second in [s for s in buckets if s <= now - window]:
             del buckets[second]
         return buckets
 
-    def _plain_value(self, name: str, now: float) -> int:
+    def _plain_value(self, name: str, now: float) -> int | None:
+        """What the plain counter holds; None if it does not exist (or expired)."""
         value = self._plain.get(name)
         if value is None or value[1] <= now:
             self._plain.pop(name, None)
-            return 0
+            return None
         return value[0]
 
     def check(self, checks: Sequence[CounterCheck]) -> CounterRefusal | None:
@@ -107,12 +116,13 @@ class MemoryCounters:
                     )
                     return CounterRefusal(position, used, retry)
             else:
-                if check.seeded and self._plain_value(check.name, now) == 0 and check.name not in self._plain:
+                value = self._plain_value(check.name, now)
+                if value is None and check.seeded:
                     return CounterRefusal(position, 0, None, missing=True)
-                used = self._plain_value(check.name, now)
+                used = value or 0
                 if used + max(check.need, 1) > check.limit:
                     return CounterRefusal(position, used, None)
-        self._add([CounterAdd(c.name, c.need, c.window, c.ttl) for c in checks if c.need], now)
+        self._add([CounterAdd(c.name, c.need, c.window, c.ttl) for c in checks if c.need > 0], now)
         return None
 
     def add(self, adds: Sequence[CounterAdd], once: str | None, once_ttl: float) -> bool:
@@ -121,28 +131,40 @@ class MemoryCounters:
             expires = self._once.get(once)
             if expires is not None and expires > now:
                 return False
-            self._once = (
-                {k: v for k, v in self._once.items() if v > now} if len(self._once) > 10000 else self._once
-            )
-            self._once[once] = now + once_ttl
+            self._once[once] = now + max(1, once_ttl)
         self._add(adds, now)
         return True
 
     def _add(self, adds: Sequence[CounterAdd], now: float) -> None:
         second = math.floor(now)
         for add in adds:
+            if add.amount == 0:
+                continue
             if add.window > 0:
                 buckets = self._window(add.name, add.window, second)
                 buckets[second] = buckets.get(second, 0) + add.amount
             else:
-                if (
-                    add.existing_only
-                    and self._plain_value(add.name, now) == 0
-                    and add.name not in self._plain
-                ):
+                value = self._plain_value(add.name, now)
+                if value is None and add.existing_only:
                     continue
-                value = self._plain_value(add.name, now) + add.amount
-                self._plain[add.name] = (value, now + add.ttl)
+                self._plain[add.name] = ((value or 0) + add.amount, now + max(1, add.ttl))
+        self._sweep(now)
+
+    def _sweep(self, now: float) -> None:
+        """Forget expired markers and plain counters and windows whose buckets all left, once the
+        entries have doubled since the last sweep (amortized: a constant per change)."""
+        if self.entries() < self._sweep_at:
+            return
+        self._once = {k: v for k, v in self._once.items() if v > now}
+        self._plain = {k: v for k, v in self._plain.items() if v[1] > now}
+        second = math.floor(now)
+        self._windows = {
+            name: buckets
+            for name, buckets in self._windows.items()
+            if any(s > second - self._window_lengths[name] for s in buckets)
+        }
+        self._window_lengths = {name: self._window_lengths[name] for name in self._windows}
+        self._sweep_at = max(_FIRST_SWEEP, 2 * self.entries())
 
     def read(self, reads: Sequence[tuple[str, int]]) -> list[int]:
         now = self._clock()
@@ -151,12 +173,17 @@ class MemoryCounters:
             if window > 0:
                 values.append(sum(self._window(name, window, math.floor(now)).values()))
             else:
-                values.append(self._plain_value(name, now))
+                values.append(self._plain_value(name, now) or 0)
         return values
+
+    def entries(self) -> int:
+        """Counters and markers held, expired or not (for tests: what expired does not pile up)."""
+        return len(self._once) + len(self._plain) + len(self._windows)
 
     def seed(self, name: str, value: int, ttl: int) -> bool:
         now = self._clock()
-        if name in self._plain and self._plain[name][1] > now:
+        if self._plain_value(name, now) is not None:
             return False
-        self._plain[name] = (value, now + ttl)
+        self._plain[name] = (value, now + max(1, ttl))
+        self._sweep(now)
         return True

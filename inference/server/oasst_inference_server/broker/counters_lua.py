@@ -83,10 +83,12 @@ return {0, 0, 0}
 
 # KEYS[1]: the "once" marker (ARGV[1] = 1 to use it, ARGV[2] its ttl in s), then the counters; ARGV from
 # 3: for each counter, amount, window, ttl, existing_only (1: a missing plain counter is left missing).
-# Returns 0 (nothing added) if the marker was already set.
-ADD = """
-local t = redis.call('TIME')
-local now = tonumber(t[1])
+# Returns 0 (nothing added) if the marker was already set. A window's buckets that left it go here too:
+# a counter only ever added to (tokens per minute of a subject without that limit) would otherwise gain a
+# bucket a second for as long as it is charged.
+ADD = (
+    _WINDOW
+    + """
 if ARGV[1] == '1' then
     if not redis.call('SET', KEYS[1], '1', 'NX', 'EX', ARGV[2]) then
         return 0
@@ -97,6 +99,7 @@ for i = 2, #KEYS do
     local amount, window, ttl = tonumber(ARGV[base]), tonumber(ARGV[base + 1]), tonumber(ARGV[base + 2])
     if amount ~= 0 then
         if window > 0 then
+            window_used(KEYS[i], window)
             redis.call('HINCRBY', KEYS[i], now, amount)
             redis.call('EXPIRE', KEYS[i], window + 1)
         elseif ARGV[base + 3] == '1' and redis.call('EXISTS', KEYS[i]) == 0 then
@@ -109,6 +112,7 @@ for i = 2, #KEYS do
 end
 return 1
 """
+)
 
 # KEYS: the counters; ARGV: each one's window (0: plain). Returns what each holds.
 READ = (

@@ -532,7 +532,7 @@ class RedisBroker(Broker):
     async def check_counters(self, checks: Sequence[CounterCheck]) -> CounterRefusal | None:
         if not checks:
             return None
-        args = [v for c in checks for v in (c.limit, c.need, c.window, c.ttl, int(c.seeded))]
+        args = [v for c in checks for v in (c.limit, c.need, c.window, max(1, c.ttl), int(c.seeded))]
         with translated("counter check"):
             index, used, retry = await self._check_counters(
                 keys=[self.keys.counter(c.name) for c in checks], args=args
@@ -550,7 +550,7 @@ class RedisBroker(Broker):
         args = [
             1 if once is not None else 0,
             max(1, once_ttl),
-            *(v for a in adds for v in (a.amount, a.window, a.ttl, int(a.existing_only))),
+            *(v for a in adds for v in (a.amount, a.window, max(1, a.ttl), int(a.existing_only))),
         ]
         with translated("counter add"):
             return bool(await self._add_counters(keys=keys, args=args))

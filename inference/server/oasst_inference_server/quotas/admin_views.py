@@ -45,24 +45,28 @@ async def list_keys(
     keys = list((await session.exec(query)).all())
     limits = await limits_by_subject(session, "key", [k.id for k in keys])
     now = utcnow()
-    since = min(periods.period_start("month", now), periods.period_start("day", now))
+    since = periods.period_start("month", now)  # today is in it
     by_key: dict[str, list[DayUsage]] = {}
     if keys:
         for row in await usage_by_day(session, UsageFilter(since=since, user_id=user_id)):
             if row.key_id is not None:
                 by_key.setdefault(row.key_id, []).append(row)
-    return [
-        AdminKeyRead(
-            id=k.id,
-            user_id=k.user_id,
-            name=k.name,
-            prefix=k.prefix,
-            revoked_at=k.revoked_at,
-            limits=limits.get(k.id, UsageLimits()),
-            usage=_summary(by_key.get(k.id, []), limits.get(k.id, UsageLimits()), prices, now),
-        )
-        for k in keys
-    ]
+    return [_key_read(k, limits.get(k.id, UsageLimits()), by_key.get(k.id, []), prices, now) for k in keys]
+
+
+def _key_read(
+    key: DbApiKey, limits: UsageLimits, rows: list[DayUsage], prices: Prices, now: datetime
+) -> AdminKeyRead:
+    """The key with its limits and the usage ``rows`` (its own, since the month began) sum up to."""
+    return AdminKeyRead(
+        id=key.id,
+        user_id=key.user_id,
+        name=key.name,
+        prefix=key.prefix,
+        revoked_at=key.revoked_at,
+        limits=limits,
+        usage=_summary(rows, limits, prices, now),
+    )
 
 
 async def set_key_limits(
@@ -72,18 +76,9 @@ async def set_key_limits(
     if key is None:
         raise not_found("api_key")
     await set_limits(session, "key", key_id, limits)
-    rows = await usage_by_day(
-        session, UsageFilter(since=periods.period_start("month", utcnow()), key_id=key_id)
-    )
-    return AdminKeyRead(
-        id=key.id,
-        user_id=key.user_id,
-        name=key.name,
-        prefix=key.prefix,
-        revoked_at=key.revoked_at,
-        limits=limits,
-        usage=_summary(rows, limits, prices, utcnow()),
-    )
+    now = utcnow()
+    rows = await usage_by_day(session, UsageFilter(since=periods.period_start("month", now), key_id=key_id))
+    return _key_read(key, limits, rows, prices, now)
 
 
 async def user_limits(session: AsyncSession, user_id: str) -> UserLimitsRead:

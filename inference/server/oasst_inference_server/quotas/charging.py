@@ -1,7 +1,8 @@
 """Charging a finished generation to its key's and user's counters: the tokens its worker reported (prompt
 plus completion) to the tokens-per-minute windows and the budgets of the period it was queued in, and
-their price to the money budgets. Once per generation: a marker in the broker keeps a second report of
-the same message (a retry, a hand-over) from charging again."""
+their price to the money budgets. Once per generation: the lifecycle charges a generation when its end is
+stored, which happens once; a short-lived marker in the broker keeps a charge sent twice (a retried
+script, two late reports at once) from counting twice (``periods.CHARGED_MARKER_SECONDS``)."""
 
 from __future__ import annotations
 

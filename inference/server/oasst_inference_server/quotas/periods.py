@@ -12,8 +12,12 @@ MINUTE = 60
 PERIODS: tuple[BudgetPeriod, ...] = ("day", "month")
 # A period's counters outlive it by this much (a late charge of the last day still finds its counter).
 _GRACE = timedelta(days=2)
-# How long a generation's "charged" marker keeps a second charge out (a retried report).
-CHARGED_MARKER_SECONDS = 40 * 24 * 3600
+# How long a generation's "charged" marker keeps a second charge out. The database already lets a
+# generation end (and so be charged) once: its end is a conditional update, a late prompt report is kept
+# only if it has none. The marker covers what is left, seconds apart: the charge's script sent again by
+# redis-py's retry after a lost connection, two late reports at once. An hour of markers, not 40 days' of
+# every generation's.
+CHARGED_MARKER_SECONDS = 3600
 
 
 def period_start(period: BudgetPeriod, now: datetime) -> datetime:

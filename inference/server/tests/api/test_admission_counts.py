@@ -14,77 +14,36 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
-import httpx
 import pytest
-import pytest_asyncio
-from asgi_lifespan import LifespanManager
 from sqlmodel import select
 
 from oasst_inference_server.db.models import DbChat, DbMessage
-from oasst_inference_server.main import create_app
 from oasst_shared.schemas import MessageState
+from tests.support import store_apps
 from tests.support.api import (
     API,
     Conversation,
     User,
     finish_message,
-    register_live_model,
     sign_in,
     start_chat,
 )
-from tests.support.services import fresh_database
+from tests.support.store_apps import refused
 
 pytestmark = API
+
+store, app, client, user, model = store_apps.FIXTURES  # the module's own two apps
 
 AT_ONCE = 6  # below the most choices a request may ask for (8), so n alone can be over it
 PER_MINUTE = 10
 
 
-@pytest.fixture(scope="module", params=["postgres+redis", "sqlite+memory"])
-def store(
-    request: pytest.FixtureRequest, tmp_path_factory, api_redis_prefix: str
-) -> Iterator[dict[str, Any]]:
-    if request.param == "sqlite+memory":
-        database = tmp_path_factory.mktemp("admission") / "oasst.db"
-        yield {"database_url": f"sqlite+aiosqlite:///{database}", "broker_url": None}
-        return
-    with fresh_database("oasst_admission") as url:
-        yield {"database_url": url, "redis_key_prefix": f"{api_redis_prefix}admission:"}
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def app(store: dict[str, Any], settings) -> AsyncIterator[Any]:
-    limited = settings.model_copy(
-        update={
-            **store,
-            "max_concurrent_generations_per_user": AT_ONCE,
-            "rate_limit_per_minute": PER_MINUTE,
-            "max_queue_size": 1000,
-        }
-    )
-    application = create_app(limited)
-    async with LifespanManager(application, startup_timeout=60, shutdown_timeout=30):
-        yield application
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def client(app) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=30) as http:
-        yield http
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def user(client) -> User:
-    return await sign_in(client)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def model(app) -> str:
-    return await register_live_model(app)
+@pytest.fixture(scope="module")
+def app_settings() -> dict[str, Any]:
+    return {"max_concurrent_generations_per_user": AT_ONCE, "rate_limit_per_minute": PER_MINUTE}
 
 
 async def running_ids(app, user: User) -> list[str]:
@@ -130,13 +89,6 @@ async def admitted(client, app, user: User, body: dict[str, Any], expect_running
     response = await task
     assert response.status_code == 200, response.text
     assert len(response.json()["choices"]) == body["n"]
-
-
-def refused(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["code"] == code, error
-    return dict(error)
 
 
 async def test_n_choices_count_n_against_the_generations_at_once(client, app, user, model) -> None:

@@ -12,34 +12,34 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
 import pytest_asyncio
 import yaml
-from asgi_lifespan import LifespanManager
 from sqlmodel import select
 
 from oasst_inference_server.db.models import DbMessage
-from oasst_inference_server.main import create_app
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import GeneratedText
 from oasst_shared.schemas import MessageState
-from tests.support.api import ADMIN, API, User, register_live_model, sign_in, start_chat
-from tests.support.services import fresh_database
+from tests.support import store_apps
+from tests.support.api import ADMIN, API, sign_in, start_chat
 from tests.support.sessions import session_record
+from tests.support.sql_statements import recorded_statements
+from tests.support.store_apps import new_key, put_limits, refused
 
 pytestmark = API
+
+store, app, client, user, model = store_apps.FIXTURES  # the module's own two apps
 
 PRICED = "priced-model"  # $2 per 1M prompt tokens, $10 per 1M completion tokens
 
 
-@pytest.fixture(scope="module", params=["postgres+redis", "sqlite+memory"])
-def store(
-    request: pytest.FixtureRequest, tmp_path_factory, api_redis_prefix: str
-) -> Iterator[dict[str, Any]]:
+@pytest.fixture(scope="module")
+def app_settings(tmp_path_factory) -> dict[str, Any]:
     configs = tmp_path_factory.mktemp("configs")
     priced = SMOLLM2_135M.model_dump(mode="json", exclude_unset=True) | {
         "name": PRICED,
@@ -47,63 +47,13 @@ def store(
         "price_per_million_completion_tokens": 10.0,
     }
     (configs / "priced.yaml").write_text(yaml.safe_dump(priced))
-    if request.param == "sqlite+memory":
-        database = tmp_path_factory.mktemp("limits") / "oasst.db"
-        yield {
-            "database_url": f"sqlite+aiosqlite:///{database}",
-            "broker_url": None,
-            "model_configs_dir": configs,
-        }
-        return
-    with fresh_database("oasst_key_limits") as url:
-        yield {
-            "database_url": url,
-            "redis_key_prefix": f"{api_redis_prefix}limits{uuid.uuid4().hex[:6]}:",
-            "model_configs_dir": configs,
-        }
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def app(store: dict[str, Any], settings) -> AsyncIterator[Any]:
-    application = create_app(settings.model_copy(update={**store, "max_queue_size": 1000}))
-    async with LifespanManager(application, startup_timeout=60, shutdown_timeout=30):
-        yield application
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def client(app) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=30) as http:
-        yield http
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def user(client) -> User:
-    return await sign_in(client)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def model(app) -> str:
-    return await register_live_model(app)
+    return {"model_configs_dir": configs}
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def priced(app) -> str:
     await app.state.broker.put_worker_session(session_record(f"ws-{uuid.uuid4().hex[:8]}", PRICED), ttl=3600)
     return PRICED
-
-
-async def new_key(client, user: User) -> tuple[str, dict[str, str]]:
-    created = await client.post("/api_keys", json={"name": "limited"}, headers=user.headers)
-    assert created.status_code in (200, 201), created.text
-    body = created.json()
-    return body["id"], {"Authorization": f"Bearer {body['key']}"}
-
-
-async def put_limits(client, path: str, **limits: Any) -> dict[str, Any]:
-    response = await client.put(f"/admin/{path}/limits", json=limits, headers=ADMIN)
-    assert response.status_code == 200, response.text
-    return dict(response.json())
 
 
 def chat(model: str) -> dict[str, Any]:
@@ -149,13 +99,6 @@ async def generate(
     response = await task
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["total_tokens"] == prompt + completion
-
-
-def refused(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["code"] == code, error
-    return dict(error)
 
 
 @contextlib.asynccontextmanager
@@ -288,12 +231,33 @@ async def test_a_token_budget_stops_the_key_once_the_reports_reach_it(client, ap
     await generate(client, app, headers, chat(model), prompt=10, completion=10)
 
 
+async def test_a_request_reads_its_limits_once(client, app, user, model) -> None:
+    """Admission reads the key's and the user's limits in one query, once per request (the budget's
+    usage is read from the database only when its counter is missing, not per request)."""
+    key_id, headers = await new_key(client, user)
+    await put_limits(
+        client, f"keys/{key_id}", requests_per_minute=50, budget_tokens=10_000, budget_period="day"
+    )
+    await put_limits(client, f"users/{user.id}", tokens_per_minute=10_000)
+    await generate(client, app, headers, chat(model), prompt=5, completion=5)  # the budget's counter is built
+    with recorded_statements(app) as statements:
+        await generate(client, app, headers, chat(model), prompt=5, completion=5)
+    assert sum("FROM usage_limit" in s for s in statements) == 1, statements
+    assert not [s for s in statements if "usage_record" in s], statements  # no rebuild of the budget
+
+
 async def test_a_retried_report_is_not_charged_twice(client, app, user, model) -> None:
     key_id, headers = await new_key(client, user)
     await put_limits(client, f"keys/{key_id}", budget_tokens=60, budget_period="month")
     await generate(client, app, headers, chat(model), prompt=20, completion=20)  # 40 of 60
     async with app.state.session_factory() as session:
         message = (await session.exec(select(DbMessage).where(DbMessage.api_key_id == key_id))).one()
+    # The worker's report again: the generation ended once (the database), so it is not charged again.
+    assert message.worker_session_id is not None
+    again = GeneratedText(
+        message_id=message.id, text="ok", finish_reason="length", generated_tokens=20, prompt_tokens=20
+    )
+    assert not await app.state.lifecycle.complete(message.worker_session_id, again)
     assert not await app.state.lifecycle.usage_charger.charge(message)  # the same generation again
     await generate(client, app, headers, chat(model), prompt=10, completion=10)  # 60: room was left
 

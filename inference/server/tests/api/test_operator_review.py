@@ -1,32 +1,32 @@
 """Issue 28's operator features under attack (review28): garbage to the new admin routes never 500s;
 the key limits hold on the routes that bypassed them; moderation sees every text a caller writes.
 
-The app of ``test_key_limits`` (Postgres with Redis, and SQLite with the in-process broker)."""
+Apps of their own as ``test_key_limits``' (``tests.support.store_apps``: Postgres with Redis, and SQLite with
+the in-process broker)."""
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
-import httpx
 import pytest
 import pytest_asyncio
-from asgi_lifespan import LifespanManager
 from sqlmodel import func, select
 
 from oasst_inference_server.broker import WorkerSession
 from oasst_inference_server.db.models import DbMessage, MessageKind
-from oasst_inference_server.main import create_app
 from oasst_inference_server.settings_sections.moderation import ClassifierCategory
 from oasst_shared.model_configs import MINILM_EMBEDDING, SMOLLM2_135M, ModelConfig
 from oasst_shared.protocol import GeneratedText, WorkerCapabilities
 from oasst_shared.schemas import MessageState
-from tests.support.api import ADMIN, API, User, register_live_model, sign_in
-from tests.support.services import fresh_database
+from tests.support import store_apps
+from tests.support.api import ADMIN, API, sign_in
+from tests.support.store_apps import new_key, put_limits, refused
 
 pytestmark = API
+
+store, app, client, user, model = store_apps.FIXTURES  # the module's own two apps
 
 BANNED = "forbiddenword"
 # The word list refuses BANNED; the classifier (an embedding model whose worker never answers, so each
@@ -43,60 +43,9 @@ MODERATION: dict[str, Any] = {
 }
 
 
-@pytest.fixture(scope="module", params=["postgres+redis", "sqlite+memory"])
-def store(
-    request: pytest.FixtureRequest, tmp_path_factory, api_redis_prefix: str
-) -> Iterator[dict[str, Any]]:
-    if request.param == "sqlite+memory":
-        database = tmp_path_factory.mktemp("review28") / "oasst.db"
-        yield {"database_url": f"sqlite+aiosqlite:///{database}", "broker_url": None}
-        return
-    with fresh_database("oasst_review28") as url:
-        yield {"database_url": url, "redis_key_prefix": f"{api_redis_prefix}r28{uuid.uuid4().hex[:6]}:"}
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def app(store: dict[str, Any], settings) -> AsyncIterator[Any]:
-    application = create_app(settings.model_copy(update={**store, **MODERATION, "max_queue_size": 1000}))
-    async with LifespanManager(application, startup_timeout=60, shutdown_timeout=30):
-        yield application
-
-
-@pytest_asyncio.fixture(scope="module", loop_scope="session")
-async def client(app) -> AsyncIterator[httpx.AsyncClient]:
-    transport = httpx.ASGITransport(app=app)
-    async with httpx.AsyncClient(transport=transport, base_url="http://testserver", timeout=30) as http:
-        yield http
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def user(client) -> User:
-    return await sign_in(client)
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def model(app) -> str:
-    return await register_live_model(app)
-
-
-async def new_key(client, user: User) -> tuple[str, dict[str, str]]:
-    created = await client.post("/api_keys", json={"name": "review"}, headers=user.headers)
-    assert created.status_code in (200, 201), created.text
-    body = created.json()
-    return body["id"], {"Authorization": f"Bearer {body['key']}"}
-
-
-async def put_limits(client, path: str, **limits: Any) -> dict[str, Any]:
-    response = await client.put(f"/admin/{path}/limits", json=limits, headers=ADMIN)
-    assert response.status_code == 200, response.text
-    return dict(response.json())
-
-
-def refused(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.text
-    error = response.json()["error"]
-    assert error["code"] == code, error
-    return dict(error)
+@pytest.fixture(scope="module")
+def app_settings() -> dict[str, Any]:
+    return MODERATION
 
 
 @pytest.mark.parametrize(

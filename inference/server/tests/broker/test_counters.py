@@ -4,9 +4,9 @@ charges at most once per name, and two replicas on one Redis that never let a bu
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Callable
 
 import pytest
+import redis.asyncio as aioredis
 
 from oasst_inference_server.broker import Broker, RedisBroker
 from oasst_inference_server.broker.counters import CounterAdd, CounterCheck, MemoryCounters
@@ -78,20 +78,6 @@ def test_window_buckets_leave_the_window_and_free_room() -> None:
     assert counters.read([("w", 60)]) == [2]
 
 
-@pytest.fixture
-async def replicas(
-    redis_url: str, redis_prefix: Callable[[], str]
-) -> AsyncIterator[tuple[RedisBroker, RedisBroker]]:
-    """Two replicas' brokers on one deployment's keys."""
-    prefix = redis_prefix()
-    brokers = (RedisBroker(redis_url, key_prefix=prefix), RedisBroker(redis_url, key_prefix=prefix))
-    for b in brokers:
-        await b.start()
-    yield brokers
-    for b in brokers:
-        await b.close()
-
-
 @pytest.mark.redis
 async def test_a_burst_split_between_two_replicas_cannot_pass_the_limit(
     replicas: tuple[RedisBroker, RedisBroker],
@@ -115,3 +101,44 @@ async def test_a_seeded_counter_is_missing_until_rebuilt_and_charges_wait_for_it
     await broker.add_counters([CounterAdd("budget:month", 10, ttl=3600, existing_only=True)])
     refused = await broker.check_counters([budget])
     assert refused is not None and not refused.missing and refused.used == 100
+
+
+async def test_a_zero_add_creates_no_counter(broker: Broker) -> None:
+    """Both brokers alike: nothing to add changes nothing, so a counter rebuilt from the database when
+    missing is not made to exist, at 0, by a charge of nothing."""
+    await broker.add_counters([CounterAdd("budget:zero", 0, ttl=600), CounterAdd("tpm:zero", 0, window=60)])
+    await broker.check_counters([CounterCheck("rpm:zero", limit=5, need=0, window=60)])
+    refused = await broker.check_counters([CounterCheck("budget:zero", limit=10, ttl=600, seeded=True)])
+    assert refused is not None and refused.missing
+
+
+def test_memory_counters_forget_what_expired() -> None:
+    """Markers, budgets and windows of generations long done do not pile up in the in-process broker."""
+    now = [1000.0]
+    counters = MemoryCounters(clock=lambda: now[0])
+    per_round = 2000
+    for round_ in range(10):
+        for i in range(per_round):
+            name = f"{round_}:{i}"
+            adds = [CounterAdd(f"tpm:{name}", 1, window=60), CounterAdd(f"budget:{name}", 1, ttl=60)]
+            assert counters.add(adds, once=f"charged:{name}", once_ttl=60)
+        now[0] += 120  # all of this round expired
+    assert counters.entries() <= 4 * 3 * per_round  # ten rounds of 3 * per_round without the sweep
+    assert counters.add([CounterAdd("budget:9:0", 1, ttl=60)], once="charged:9:0", once_ttl=60)
+    assert counters.read([("budget:9:0", 0), ("tpm:9:1", 60)]) == [1, 0]
+
+
+@pytest.mark.redis
+async def test_a_window_only_ever_added_to_keeps_only_the_buckets_in_it(
+    replicas: tuple[RedisBroker, RedisBroker], redis_url: str
+) -> None:
+    broker = replicas[0]
+    key = broker.keys.counter("tpm:charged-only")
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        await client.hset(key, mapping={"100": 5, "200": 7})  # buckets of seconds long gone
+        await broker.add_counters([CounterAdd("tpm:charged-only", 3, window=60)])
+        assert await client.hlen(key) == 1
+    finally:
+        await client.aclose()
+    assert await broker.read_counters([("tpm:charged-only", 60)]) == [3]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -18,20 +17,6 @@ from tests.support.sessions import session_record
 pytestmark = pytest.mark.redis
 
 HOUR = 3600.0
-
-
-@pytest.fixture
-async def replicas(
-    redis_url: str, redis_prefix: Callable[[], str]
-) -> AsyncIterator[tuple[RedisBroker, RedisBroker]]:
-    """Two replicas' brokers on one deployment's keys."""
-    prefix = redis_prefix()
-    brokers = (RedisBroker(redis_url, key_prefix=prefix), RedisBroker(redis_url, key_prefix=prefix))
-    for broker in brokers:
-        await broker.start()
-    yield brokers
-    for broker in brokers:
-        await broker.close()
 
 
 async def names(view: WorkerSessionView, *, fresh: bool = False) -> list[str]:
