@@ -23,6 +23,8 @@ from contextlib import asynccontextmanager
 
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server.db.engine import end_read
+
 
 class _Turn:
     __slots__ = ("lock", "holders")
@@ -52,8 +54,8 @@ class UserTurns:
             entry = self._turns[user_id] = _Turn()
         entry.holders += 1
         try:
-            if entry.holders > 1 and session is not None and not _has_changes(session):
-                await session.commit()  # nothing to write: ends the read transaction, frees its connection
+            if entry.holders > 1 and session is not None:
+                await end_read(session)  # a read-only transaction ends: its connection goes back
             async with entry.lock:
                 yield
         finally:
@@ -64,7 +66,3 @@ class UserTurns:
     def held(self) -> int:
         """Users whose turn is held or waited for (for tests: nothing leaks)."""
         return len(self._turns)
-
-
-def _has_changes(session: AsyncSession) -> bool:
-    return bool(session.new or session.dirty or session.deleted)
