@@ -15,7 +15,7 @@ from text_generation import errors as tgi_errors
 
 from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends import tgi_stream
-from oasst_worker.backends.records import GenerationResult, StreamedToken
+from oasst_worker.backends.records import BackendError, GenerationResult, StreamedToken
 from oasst_worker.backends.tgi import TgiBackend
 from oasst_worker.backends.tgi_stream import SseLines, decode_event
 
@@ -112,3 +112,19 @@ async def test_a_finished_streams_connection_serves_the_next_and_a_left_one_is_c
             assert len(peers) == 4 and peers[3] not in (peers[0], peers[2])
         finally:
             await backend.close()
+
+
+async def test_a_closed_backend_opens_no_new_session() -> None:
+    """A request after close (a tokenizer's answer still running on a backend switched away from) fails
+    as a connection error; it does not open a session that nobody would close."""
+    peers: list[object] = []
+    async with _backend(peers) as url:
+        backend = TgiBackend(url, token_timeout=10.0, generation_timeout=60.0)
+        [i async for i in backend.generate_stream("p", GREEDY, 3)]
+        await backend.close()
+        with pytest.raises(BackendError, match="connection failed") as failed:
+            [i async for i in backend.generate_stream("p", GREEDY, 3)]
+        assert failed.value.retryable
+        assert await backend.detokenize([1, 2]) is None
+        assert backend._session._session is None  # nothing left open
+        assert len(peers) == 1  # the request after close never left
