@@ -196,6 +196,39 @@ async def test_a_switch_whose_connection_is_lost_while_it_drains_is_given_up() -
     assert backend.calls == [] and client.switching is not None and not client.switching.busy
 
 
+class Unanswering(Quick):
+    """A backend that does not answer its probe (it has only just started); notes that it was closed."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.closed = False
+
+    async def info(self) -> BackendInfo:
+        self.asked.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_switch_cancelled_while_it_probes_closes_the_backend_it_made() -> None:
+    probed = Unanswering()
+    settings = WorkerSettings(max_parallel_requests=2)
+    switching = Switching(Backend(), lambda s, c: GenerationJobFactory(probed, c), settings)
+    client = WorkerClient(settings, GenerationJobFactory(Quick(), CONFIG), switching=switching)
+    client._health.healthy = True
+    client._sender = Sender()  # type: ignore[assignment]
+    await client._handle(dump_frame(LoadModel(request_id="r", model_config_name=SMOLLM2_135M_Q8.name)))
+    await asyncio.wait_for(probed.asked.wait(), 5)
+    task = client._switch_task
+    assert task is not None
+    task.cancel()  # the worker stops
+    await asyncio.gather(task, return_exceptions=True)
+    assert probed.closed  # never served: its connections are not left open
+    assert client.factory.model_config.name == CONFIG.name
+
+
 def test_a_worker_info_too_large_for_a_frame_leaves_out_servable_models_but_the_served_one() -> None:
     template = "x" * 100_000
     servable = [
