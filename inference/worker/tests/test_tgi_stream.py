@@ -60,6 +60,33 @@ def test_error_events_are_the_clients_errors() -> None:
         decode_event(b'{"error": "boom", "error_type": "generation"}', 200)
     with pytest.raises(ValueError):
         decode_event(b"{not json", 200)
+    # JSON that is neither an event nor an error: the client's error for an unknown answer (parse_error
+    # itself raised KeyError or TypeError on these).
+    for other in (b'{"foo": 1}', b"[1, 2]", b'"text"'):
+        with pytest.raises(tgi_errors.UnknownError, match="an unexpected answer"):
+            decode_event(other, 200)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "message", "retryable"),
+    [
+        ("not found", "backend error: an unexpected answer: {'detail': 'Not Found'}", False),
+        ("proxy", "backend error: an unexpected answer: <html>502 Bad Gateway</html>", True),
+        ("garbled", "the backend sent malformed JSON", True),
+        ("foreign", "backend error: an unexpected answer: {'foo': 1}", True),
+    ],
+)
+async def test_answers_that_are_not_tgis_fail_their_message_as_backend_errors(
+    prompt: str, message: str, retryable: bool
+) -> None:
+    async with _backend([]) as url:
+        backend = TgiBackend(url, token_timeout=10.0, generation_timeout=60.0)
+        try:
+            with pytest.raises(BackendError) as failed:
+                [i async for i in backend.generate_stream(prompt, GREEDY, 3)]
+        finally:
+            await backend.close()
+    assert str(failed.value).startswith(message) and failed.value.retryable is retryable
 
 
 @asynccontextmanager
@@ -69,9 +96,19 @@ async def _backend(peers: list[object]) -> AsyncIterator[str]:
 
     async def generate_stream(request: web.Request) -> web.StreamResponse:
         peers.append(request.transport.get_extra_info("peername") if request.transport else None)
-        hold = (await request.json())["inputs"] == "hold"
+        prompt = (await request.json())["inputs"]
+        hold = prompt == "hold"
+        if prompt == "not found":  # another server's error shape (FastAPI's), not TGI's
+            return web.json_response({"detail": "Not Found"}, status=404)
+        if prompt == "proxy":  # a proxy's page in front of the backend
+            return web.Response(text="<html>502 Bad Gateway</html>", status=502, content_type="text/html")
         response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await response.prepare(request)
+        if prompt in ("garbled", "foreign"):  # one token, then an event that is not one
+            await response.write(_event(0, "x"))
+            await response.write(b"data:{not json\n\n" if prompt == "garbled" else b'data:{"foo": 1}\n\n')
+            await response.write_eof()
+            return response
         if hold:  # one token, then nothing until the client goes
             await response.write(_event(0, "x"))
             await asyncio.sleep(2)  # (the test leaves long before)

@@ -59,12 +59,22 @@ _decoder = msgspec.json.Decoder(StreamEvent, strict=False)
 
 def decode_event(data: bytes, status: int) -> StreamEvent:
     """An event's JSON (after ``data:``); an error event (or any other JSON) raises the client's error for
-    it, malformed JSON raises ``ValueError``, as ``AsyncClient.generate_stream`` does."""
+    it, malformed JSON raises ``json.JSONDecodeError`` (a ``ValueError``), as ``AsyncClient.generate_stream``
+    does."""
     try:
         return _decoder.decode(data)
     except msgspec.DecodeError:
         payload = json.loads(data)  # malformed JSON raises here, as it did
-        raise parse_error(status, payload) from None
+        raise answer_error(status, payload) from None
+
+
+def answer_error(status: int, payload: object) -> Exception:
+    """The client's error for an error answer or event (``parse_error``); for one that is not TGI's
+    ``{"error": ...}`` (a proxy's page, another server's JSON), the error its status means, with what it
+    said (``parse_error`` raises ``KeyError`` or ``TypeError`` on those)."""
+    if isinstance(payload, dict) and "error" in payload:
+        return parse_error(status, payload)
+    return parse_error(status, {"error": f"an unexpected answer: {str(payload)[:200]}"})
 
 
 def cached_tokens(details: StreamDetails) -> int | None:
