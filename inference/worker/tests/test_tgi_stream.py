@@ -47,10 +47,25 @@ def test_events_split_across_reads_come_out_whole_and_in_order() -> None:
     assert tgi_stream.cached_tokens(last.details) == 2
 
 
+def test_a_line_in_many_reads_comes_out_whole() -> None:
+    lines = SseLines()
+    line = b"data:" + b"y" * 5000
+    payloads: list[bytes] = []
+    for start in range(0, len(line), 3):
+        payloads += lines.feed(line[start : start + 3])
+    assert payloads == []  # not ended yet
+    assert lines.feed(b"\n\ndata:next") == [b"y" * 5000]
+    assert lines.feed(b"\n") == [b"next"]
+
+
 def test_a_line_over_the_limit_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(tgi_stream, "MAX_LINE_BYTES", 10)
     with pytest.raises(aiohttp.ClientPayloadError):
         SseLines().feed(b"data:" + b"x" * 20)
+    over = SseLines()  # over the limit a little at a time
+    with pytest.raises(aiohttp.ClientPayloadError):
+        for _ in range(10):
+            over.feed(b"data")
 
 
 def test_error_events_are_the_clients_errors() -> None:

@@ -87,20 +87,37 @@ def cached_tokens(details: StreamDetails) -> int | None:
 class SseLines:
     """Splits a server-sent event stream's bytes (TGI's, an OpenAI server's) into its ``data:`` payloads, a network read at a time."""
 
-    __slots__ = ("_rest",)
+    __slots__ = ("_rest", "_rest_bytes")
 
     def __init__(self) -> None:
-        self._rest = b""
+        # The unfinished line's pieces, joined once it ends: a long line (a final event's whole text)
+        # that comes in many reads is copied once, not once per read.
+        self._rest: list[bytes] = []
+        self._rest_bytes = 0
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """The payloads of the complete lines so far (the blank line after each event is skipped)."""
         if self._rest:
-            chunk = self._rest + chunk
+            self._rest.append(chunk)
+            if b"\n" not in chunk:
+                self._rest_bytes += len(chunk)
+                if self._rest_bytes > MAX_LINE_BYTES:
+                    raise _line_too_long()
+                return []
+            chunk = b"".join(self._rest)
+            self._rest = []
         lines = chunk.split(b"\n")
-        self._rest = lines.pop()
-        if len(self._rest) > MAX_LINE_BYTES:
-            raise aiohttp.ClientPayloadError(f"a line of the stream is over {MAX_LINE_BYTES} bytes")
+        tail = lines.pop()
+        if tail:
+            if len(tail) > MAX_LINE_BYTES:
+                raise _line_too_long()
+            self._rest = [tail]
+            self._rest_bytes = len(tail)
         return [line[5:] for line in lines if line.startswith(b"data:")]
+
+
+def _line_too_long() -> aiohttp.ClientPayloadError:
+    return aiohttp.ClientPayloadError(f"a line of the stream is over {MAX_LINE_BYTES} bytes")
 
 
 def request_body(prompt: str, *, stop_sequences: list[str] | None = None, **parameters: Any) -> bytes:
