@@ -8,4 +8,5 @@
 - ``llama_server``: llama-cpp-python's own OpenAI-compatible server, and a stack whose workers relay to it
 - ``api``, ``fake_oauth``: the REST API tests' users and constants, and a fake OAuth provider
 - ``sessions``: worker session records as a connected worker would publish them
+- ``worker_jobs``: a worker's jobs run in process (a one-token backend, a frame recorder)
 """

@@ -4,11 +4,8 @@ what follows, with the prefix's token count."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
-
-from pydantic import BaseModel
 
 from oasst_shared.chat_template import CHATML_TEMPLATE, render
 from oasst_shared.model_configs import SMOLLM2_135M
@@ -17,8 +14,7 @@ from oasst_shared.sampling import SamplingParameters
 from oasst_shared.token_frames import TokenFrame
 from oasst_worker.backends.protocols import GenerationBackend
 from oasst_worker.backends.records import BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.jobs.generation import GenerationJob
-from oasst_worker.prompting import PromptBuilder
+from tests.support.worker_jobs import run_generation
 
 CONFIG = SMOLLM2_135M.model_copy(update={"chat_template_source": "chatml"})
 STORY = [ChatTurn(role="user", content="tell me a story")]
@@ -51,14 +47,6 @@ class Recording(GenerationBackend):
         yield GenerationResult(" in a land", "length", 3, prompt_tokens=words(prompt))
 
 
-class Frames:
-    def __init__(self) -> None:
-        self.sent: list[BaseModel | TokenFrame] = []
-
-    async def __call__(self, frame: BaseModel | TokenFrame) -> None:
-        self.sent.append(frame)
-
-
 def continued(prefix: str | None, thread: list[ChatTurn] = STORY, max_new_tokens: int = 100) -> Work:
     return Work(
         message_id="m1",
@@ -70,13 +58,9 @@ def continued(prefix: str | None, thread: list[ChatTurn] = STORY, max_new_tokens
 
 
 async def run(backend: Recording, job_work: Work, config=CONFIG) -> tuple[list[str], GeneratedText]:
-    job = GenerationJob(
-        job_work, backend=backend, prompts=PromptBuilder(config, backend), model_config=config
-    )
-    frames = Frames()
-    await asyncio.wait_for(job.run(frames), 10)
+    frames = await run_generation(backend, job_work, config)
     result = frames.sent[-1]
-    assert isinstance(result, GeneratedText), frames.sent
+    assert isinstance(result, GeneratedText)
     return [f.text for f in frames.sent if isinstance(f, TokenFrame)], result
 
 

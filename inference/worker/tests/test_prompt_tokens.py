@@ -9,17 +9,14 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from pydantic import BaseModel
-
 from oasst_shared.chat_template import CHATML_TEMPLATE, render_truncated
 from oasst_shared.model_configs import SMOLLM2_135M, ModelConfig
 from oasst_shared.protocol import ChatTurn, GeneratedText, Work
 from oasst_shared.sampling import SamplingParameters
 from oasst_worker.backends.protocols import GenerationBackend
 from oasst_worker.backends.records import BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.jobs.generation import GenerationJob
 from oasst_worker.prompt_tokens import PromptCount, token_bound
-from oasst_worker.prompting import PromptBuilder
+from tests.support.worker_jobs import run_generation
 
 CONFIG = SMOLLM2_135M.model_copy(update={"chat_template_source": "chatml"})
 
@@ -62,14 +59,6 @@ class Recording(GenerationBackend):
         yield GenerationResult(" one two", "length", 2)
 
 
-class Frames:
-    def __init__(self) -> None:
-        self.sent: list[BaseModel] = []
-
-    async def __call__(self, frame: BaseModel) -> None:
-        self.sent.append(frame)
-
-
 def work(thread: list[ChatTurn], max_new_tokens: int = 100, raw_prompt: str | None = None) -> Work:
     return Work(
         message_id="m1",
@@ -81,13 +70,8 @@ def work(thread: list[ChatTurn], max_new_tokens: int = 100, raw_prompt: str | No
 
 
 async def run(backend: Recording, job_work: Work, config: ModelConfig = CONFIG) -> GeneratedText:
-    job = GenerationJob(
-        job_work, backend=backend, prompts=PromptBuilder(config, backend), model_config=config
-    )
-    frames = Frames()
-    await asyncio.wait_for(job.run(frames), 10)
-    result = frames.sent[-1]
-    assert isinstance(result, GeneratedText), frames.sent
+    result = (await run_generation(backend, job_work, config)).sent[-1]
+    assert isinstance(result, GeneratedText)
     return result
 
 

@@ -5,7 +5,6 @@ a worker that cannot switch, and a worker_info too large for a frame."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,13 +19,13 @@ from oasst_shared.protocol import (
     WorkerInfo,
     dump_frame,
 )
-from oasst_worker.backends.protocols import GenerationBackend
-from oasst_worker.backends.records import BackendInfo, GenerationResult, StreamedToken
+from oasst_worker.backends.records import BackendInfo
 from oasst_worker.connection.client import WorkerClient
 from oasst_worker.connection.handshake import worker_info
 from oasst_worker.connection.switching import OnProgress, Steps, SwitchError, Switching, SwitchProgress
 from oasst_worker.jobs.generation import GenerationJobFactory
 from oasst_worker.settings import WorkerSettings
+from tests.support.worker_jobs import OneToken
 
 CONFIG = SMOLLM2_135M.model_copy(update={"chat_template_source": "chatml"})
 
@@ -38,21 +37,6 @@ class Sender:
 
     async def send(self, frame: BaseModel) -> None:
         self.sent.append(frame)
-
-
-class Quick(GenerationBackend):
-    async def info(self) -> BackendInfo:
-        return BackendInfo()
-
-    async def healthy(self) -> bool:
-        return True
-
-    async def count_tokens(self, text: str) -> int | None:
-        return 1
-
-    async def generate_stream(self, prompt: str, params: Any, max_new_tokens: int) -> AsyncIterator[Any]:
-        yield StreamedToken("x")
-        yield GenerationResult("x", "length", 1)
 
 
 class Backend:
@@ -86,8 +70,8 @@ class Backend:
 
 def client_with(backend: Backend) -> tuple[WorkerClient, Sender]:
     settings = WorkerSettings(max_parallel_requests=2)
-    switching = Switching(backend, lambda s, c: GenerationJobFactory(Quick(), c), settings)
-    client = WorkerClient(settings, GenerationJobFactory(Quick(), CONFIG), switching=switching)
+    switching = Switching(backend, lambda s, c: GenerationJobFactory(OneToken(), c), settings)
+    client = WorkerClient(settings, GenerationJobFactory(OneToken(), CONFIG), switching=switching)
     client._health.healthy = True
     sender = Sender()
     client._sender = sender  # type: ignore[assignment]  # the connection's frame writer
@@ -174,7 +158,7 @@ async def test_refusals_change_nothing() -> None:
     assert backend.calls == [] and client.free_slots == 2
 
     # A worker that cannot switch refuses every switch.
-    plain = WorkerClient(WorkerSettings(), GenerationJobFactory(Quick(), CONFIG))
+    plain = WorkerClient(WorkerSettings(), GenerationJobFactory(OneToken(), CONFIG))
     plain._sender = sender  # type: ignore[assignment]
     await plain._handle(dump_frame(UnloadModel(request_id="u")))
     await settle(plain)
@@ -194,6 +178,39 @@ async def test_a_switch_whose_connection_is_lost_while_it_drains_is_given_up() -
     await settle(client)
     assert [f.step for f in sender.sent] == ["draining"]
     assert backend.calls == [] and client.switching is not None and not client.switching.busy
+
+
+class Unanswering(OneToken):
+    """A backend that does not answer its probe (it has only just started); notes that it was closed."""
+
+    def __init__(self) -> None:
+        self.asked = asyncio.Event()
+        self.closed = False
+
+    async def info(self) -> BackendInfo:
+        self.asked.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        self.closed = True
+
+
+async def test_a_switch_cancelled_while_it_probes_closes_the_backend_it_made() -> None:
+    probed = Unanswering()
+    settings = WorkerSettings(max_parallel_requests=2)
+    switching = Switching(Backend(), lambda s, c: GenerationJobFactory(probed, c), settings)
+    client = WorkerClient(settings, GenerationJobFactory(OneToken(), CONFIG), switching=switching)
+    client._health.healthy = True
+    client._sender = Sender()  # type: ignore[assignment]
+    await client._handle(dump_frame(LoadModel(request_id="r", model_config_name=SMOLLM2_135M_Q8.name)))
+    await asyncio.wait_for(probed.asked.wait(), 5)
+    task = client._switch_task
+    assert task is not None
+    task.cancel()  # the worker stops
+    await asyncio.gather(task, return_exceptions=True)
+    assert probed.closed  # never served: its connections are not left open
+    assert client.factory.model_config.name == CONFIG.name
 
 
 def test_a_worker_info_too_large_for_a_frame_leaves_out_servable_models_but_the_served_one() -> None:

@@ -12,33 +12,17 @@ from pydantic import BaseModel
 
 from oasst_shared.model_configs import SMOLLM2_135M
 from oasst_shared.protocol import ChatTurn, Work, WorkerError, dump_frame
-from oasst_worker.backends.protocols import GenerationBackend
-from oasst_worker.backends.records import BackendInfo, GenerationResult, StreamedToken
 from oasst_worker.connection.client import WorkerClient
 from oasst_worker.jobs.generation import GenerationJobFactory
 from oasst_worker.settings import WorkerSettings
+from tests.support.worker_jobs import OneToken
 
 CONFIG = SMOLLM2_135M.model_copy(update={"chat_template_source": "chatml"})
 
 
-class Echo(GenerationBackend):
-    async def info(self) -> BackendInfo:
-        return BackendInfo()
-
-    async def healthy(self) -> bool:
-        return True
-
-    async def count_tokens(self, text: str) -> int | None:
-        return 1
-
-    async def generate_stream(self, prompt: str, params: Any, max_new_tokens: int) -> Any:
-        yield StreamedToken("x")
-        yield GenerationResult("x", "length", 1)
-
-
 async def receive(raw: str) -> list[BaseModel]:
     """Hand a fresh client one raw server frame; what it sends back within a second."""
-    client = WorkerClient(WorkerSettings(), GenerationJobFactory(Echo(), CONFIG))
+    client = WorkerClient(WorkerSettings(), GenerationJobFactory(OneToken(), CONFIG))
     client._health.healthy = True
     sent: list[BaseModel] = []
 

@@ -3,6 +3,8 @@ requests (a session per request cost a TCP connect and a session's setup per ans
 
 A connection goes back to the pool only once its response was read to the end (:func:`finish`); one
 idle for :data:`KEEPALIVE_SECONDS` is closed first, before uvicorn's five seconds close it under a request.
+Closing is final: a request after :meth:`PooledSession.close` (a tokenizer's answer still running on a
+backend switched away from) fails as a connection error instead of opening a session nobody closes.
 """
 
 from __future__ import annotations
@@ -26,9 +28,12 @@ class PooledSession:
         self._base_url = base_url.rstrip("/")
         self._headers = headers or {}
         self._session: aiohttp.ClientSession | None = None
+        self._closed = False
 
     def _get(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
+        if self._session is None:
+            if self._closed:
+                raise aiohttp.ClientConnectionError("the backend's HTTP session is closed")
             connector = aiohttp.TCPConnector(limit=0, keepalive_timeout=KEEPALIVE_SECONDS)
             self._session = aiohttp.ClientSession(connector=connector, headers=self._headers)
         return self._session
@@ -60,9 +65,10 @@ class PooledSession:
             return None
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._closed = True
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
 
 def finish(response: ClientResponse) -> None:

@@ -7,13 +7,13 @@ Works with TGI and with the bundled CPU backend, which speaks the same HTTP API.
 from __future__ import annotations
 
 import asyncio
+import json
 
 import aiohttp
 import httpx
 from aiohttp import ClientResponse, ClientTimeout
 from pydantic import BaseModel, ConfigDict, ValidationError
 from text_generation import errors as tgi_errors
-from text_generation.errors import parse_error
 from text_generation.types import Grammar, GrammarType
 
 from oasst_shared.logprobs import TokenLogprob, TopLogprob, token_bytes
@@ -23,7 +23,14 @@ from oasst_worker.backends.deadlines import StepDeadline
 from oasst_worker.backends.pooled_session import PooledSession, finish
 from oasst_worker.backends.protocols import GenerationBackend, GenerationStream
 from oasst_worker.backends.records import BackendError, BackendInfo, GenerationResult, StreamedToken
-from oasst_worker.backends.tgi_stream import SseLines, TgiToken, cached_tokens, decode_event, request_body
+from oasst_worker.backends.tgi_stream import (
+    SseLines,
+    TgiToken,
+    answer_error,
+    cached_tokens,
+    decode_event,
+    request_body,
+)
 
 # The backend has no room or is not up yet: not the message's fault.
 _UNAVAILABLE = (tgi_errors.OverloadedError, tgi_errors.ShardNotReadyError, tgi_errors.RateLimitExceededError)
@@ -191,7 +198,12 @@ class TgiBackend(GenerationBackend):
             )
             status = response.status
             if status != 200:
-                raise parse_error(status, await deadline.step(response.json()))
+                body = await deadline.step(response.read())
+                try:
+                    payload: object = json.loads(body)
+                except ValueError:  # not JSON: a proxy's page
+                    payload = body.decode(errors="replace")
+                raise answer_error(status, payload)
             content = response.content
             lines = SseLines()
             while True:
@@ -235,6 +247,8 @@ class TgiBackend(GenerationBackend):
             ) from None
         except (tgi_errors.GenerationError, tgi_errors.NotFoundError) as exc:
             raise BackendError(f"backend error: {exc}", retryable=False) from None
+        except json.JSONDecodeError as exc:
+            raise BackendError(f"the backend sent malformed JSON: {exc}", retryable=True) from None
         except asyncio.TimeoutError:
             raise BackendError(
                 f"the backend sent no token for {self._token_timeout:.0f}s", retryable=True

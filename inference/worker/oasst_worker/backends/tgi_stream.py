@@ -59,12 +59,22 @@ _decoder = msgspec.json.Decoder(StreamEvent, strict=False)
 
 def decode_event(data: bytes, status: int) -> StreamEvent:
     """An event's JSON (after ``data:``); an error event (or any other JSON) raises the client's error for
-    it, malformed JSON raises ``ValueError``, as ``AsyncClient.generate_stream`` does."""
+    it, malformed JSON raises ``json.JSONDecodeError`` (a ``ValueError``), as ``AsyncClient.generate_stream``
+    does."""
     try:
         return _decoder.decode(data)
     except msgspec.DecodeError:
         payload = json.loads(data)  # malformed JSON raises here, as it did
-        raise parse_error(status, payload) from None
+        raise answer_error(status, payload) from None
+
+
+def answer_error(status: int, payload: object) -> Exception:
+    """The client's error for an error answer or event (``parse_error``); for one that is not TGI's
+    ``{"error": ...}`` (a proxy's page, another server's JSON), the error its status means, with what it
+    said (``parse_error`` raises ``KeyError`` or ``TypeError`` on those)."""
+    if isinstance(payload, dict) and "error" in payload:
+        return parse_error(status, payload)
+    return parse_error(status, {"error": f"an unexpected answer: {str(payload)[:200]}"})
 
 
 def cached_tokens(details: StreamDetails) -> int | None:
@@ -77,20 +87,37 @@ def cached_tokens(details: StreamDetails) -> int | None:
 class SseLines:
     """Splits a server-sent event stream's bytes (TGI's, an OpenAI server's) into its ``data:`` payloads, a network read at a time."""
 
-    __slots__ = ("_rest",)
+    __slots__ = ("_rest", "_rest_bytes")
 
     def __init__(self) -> None:
-        self._rest = b""
+        # The unfinished line's pieces, joined once it ends: a long line (a final event's whole text)
+        # that comes in many reads is copied once, not once per read.
+        self._rest: list[bytes] = []
+        self._rest_bytes = 0
 
     def feed(self, chunk: bytes) -> list[bytes]:
         """The payloads of the complete lines so far (the blank line after each event is skipped)."""
         if self._rest:
-            chunk = self._rest + chunk
+            self._rest.append(chunk)
+            if b"\n" not in chunk:
+                self._rest_bytes += len(chunk)
+                if self._rest_bytes > MAX_LINE_BYTES:
+                    raise _line_too_long()
+                return []
+            chunk = b"".join(self._rest)
+            self._rest = []
         lines = chunk.split(b"\n")
-        self._rest = lines.pop()
-        if len(self._rest) > MAX_LINE_BYTES:
-            raise aiohttp.ClientPayloadError(f"a line of the stream is over {MAX_LINE_BYTES} bytes")
+        tail = lines.pop()
+        if tail:
+            if len(tail) > MAX_LINE_BYTES:
+                raise _line_too_long()
+            self._rest = [tail]
+            self._rest_bytes = len(tail)
         return [line[5:] for line in lines if line.startswith(b"data:")]
+
+
+def _line_too_long() -> aiohttp.ClientPayloadError:
+    return aiohttp.ClientPayloadError(f"a line of the stream is over {MAX_LINE_BYTES} bytes")
 
 
 def request_body(prompt: str, *, stop_sequences: list[str] | None = None, **parameters: Any) -> bytes:

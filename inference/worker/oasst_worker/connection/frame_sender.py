@@ -66,8 +66,7 @@ class FrameSender:
         if self._closed:
             raise ConnectionClosed(None, None)
         if isinstance(frame, TokenFrame):
-            self._queue.append((frame, None))
-            self._wakeup.set()
+            self.queue_token(frame)  # there is room, and the sender is open: queued
             return
         written: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._queue.append((frame, written))

@@ -244,16 +244,21 @@ class Switching:
         parallel = self._operator.parallel_requests(config)
         settings = link.settings.model_copy(update={"max_parallel_requests": parallel})
         jobs = self._make_jobs(settings, config)
-        for attempt in range(1, PROBE_ATTEMPTS + 1):
-            try:
-                await jobs.prepare()
-                break
-            except Exception as exc:
-                if attempt == PROBE_ATTEMPTS:
-                    await jobs.backend.close()
-                    raise
-                logger.warning("probing the backend serving {} failed ({}): trying again", config.name, exc)
-                await asyncio.sleep(PROBE_RETRY_DELAY)
+        try:
+            for attempt in range(1, PROBE_ATTEMPTS + 1):
+                try:
+                    await jobs.prepare()
+                    break
+                except Exception as exc:
+                    if attempt == PROBE_ATTEMPTS:
+                        raise
+                    logger.warning(
+                        "probing the backend serving {} failed ({}): trying again", config.name, exc
+                    )
+                    await asyncio.sleep(PROBE_RETRY_DELAY)
+        except BaseException:  # failed, or the switch was cancelled (the worker stops): never served
+            await jobs.backend.close()
+            raise
         await link.serve_with(jobs, settings)
 
     async def _give_up(self, name: str, error: str) -> None:
