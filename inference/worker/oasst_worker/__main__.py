@@ -17,6 +17,7 @@ from oasst_worker.backends.factory import create_embedding_backend, create_gener
 from oasst_worker.connection.client import WorkerClient
 from oasst_worker.connection.errors import FatalWorkerError
 from oasst_worker.connection.switching import Switching
+from oasst_worker.event_loop import run
 from oasst_worker.jobs.base import JobFactory
 from oasst_worker.jobs.embedding import EmbeddingJobFactory
 from oasst_worker.jobs.generation import GenerationJobFactory
@@ -106,7 +107,7 @@ def main() -> None:
             addr=settings.metrics_host,
         )
         logger.info("metrics on :{}/metrics", settings.metrics_port)
-    sys.exit(asyncio.run(_main(settings)))
+    sys.exit(run(_main(settings), settings.event_loop))
 
 
 if __name__ == "__main__":

@@ -158,6 +158,11 @@ class WorkerSettings(BaseSettings):
     )
     reconnect_max_delay: float = Field(default=30.0, gt=0, description="Longest delay between reconnects.")
     log_level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR.")
+    event_loop: Literal["uvloop", "asyncio"] = Field(
+        default="uvloop",
+        description="The event loop: uvloop (libuv; less CPU per relayed token) or asyncio's own. Where uvloop "
+        "is not installed (Windows), asyncio's.",
+    )
     metrics_port: int | None = Field(default=None, ge=1, le=65535, description="Serve /metrics on this port")
     metrics_host: str = Field(default="127.0.0.1", description="Address for /metrics")
 
