@@ -9,10 +9,12 @@ finished message back.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from loguru import logger
-from sqlalchemy import update
+from sqlalchemy import ColumnElement, case, literal, update
+from sqlmodel import select
 
 from oasst_inference_server import events, metrics
 from oasst_inference_server.broker import BrokerError
@@ -112,29 +114,22 @@ class MessageLifecycle(Claiming):
 
         A cancel that did not reach the worker in time still wins: the answer is stored as cancelled.
         """
-        current = await self.get(result.message_id)
-        cancelled = result.finish_reason == "cancelled" or (current is not None and current.cancel_requested)
-        if current is not None and current.worker_session_id == session_id:
-            result = continuation.continued_result(result, current.answer_prefix)
-        message = await self._finish(
-            result.message_id,
-            session_id,
-            state=MessageState.cancelled if cancelled else MessageState.complete,
-            content=result.text,
-            finish_reason=result.finish_reason,
-            generated_tokens=result.generated_tokens,
-            prompt_tokens=result.prompt_tokens,
-            # At most the prompt: a worker's report is not trusted past what it can mean.
-            cached_tokens=None
-            if result.cached_tokens is None
-            else min(result.cached_tokens, result.prompt_tokens or 0),
-            answer_prefix=None,
-            **(
-                {"result_payload": ResultPayload(tool_calls=result.tool_calls).stored()}
-                if result.tool_calls
-                else {}
-            ),
-        )
+
+        def finished(current: DbMessage | None) -> tuple[Any, dict[str, object]]:
+            whole = result
+            if current is not None and current.worker_session_id == session_id:
+                whole = continuation.continued_result(result, current.answer_prefix)
+            if result.finish_reason == "cancelled" or (current is not None and current.cancel_requested):
+                return MessageState.cancelled, _result_values(whole)
+            if current is None:  # not read: the cancel is read by the update itself
+                return _complete_unless_cancelled(), _result_values(whole)
+            return MessageState.complete, _result_values(whole)
+
+        # Most often one statement: a message holding no continued answer's start (:mod:`.continuation`),
+        # so the result is the whole answer; else the message is read first, in the same transaction.
+        message = await self._finish_as(
+            result.message_id, session_id, finished, read=False, where=(DbMessage.answer_prefix.is_(None),)
+        ) or await self._finish_as(result.message_id, session_id, finished)
         if message is None:
             logger.warning("ignored a result for message {} from session {}", result.message_id, session_id)
             return False
@@ -376,25 +371,65 @@ class MessageLifecycle(Claiming):
     async def _finish(
         self, message_id: str, session_id: str | None, *, state: MessageState, **values: object
     ) -> DbMessage | None:
-        message = await self._finish_in_db(message_id, session_id, state=state, **values)
-        if message is not None:
-            metrics.COMPLETED.labels(message.model_config_name or "", state.value).inc()
-        return message
+        return await self._finish_as(message_id, session_id, lambda _: (state, values), read=False)
 
-    async def _finish_in_db(
-        self, message_id: str, session_id: str | None, *, state: MessageState, **values: object
+    async def _finish_as(
+        self,
+        message_id: str,
+        session_id: str | None,
+        decide: Callable[[DbMessage | None], tuple[Any, dict[str, object]]],
+        *,
+        read: bool = True,
+        where: tuple[ColumnElement[bool], ...] = (),
     ) -> DbMessage | None:
-        conditions = [DbMessage.id == message_id, DbMessage.state.in_(ACTIVE_STATES)]
+        """End the message (if active, ``session_id``'s and as ``where`` asks) with the state and values
+        ``decide`` gives from it as read in the same transaction (None if ``read`` is false or it has no
+        such message); the message as stored, or None if it was not ended. One conditional UPDATE
+        returning the row."""
+        conditions = [DbMessage.id == message_id, DbMessage.state.in_(ACTIVE_STATES), *where]
         if session_id is not None:
             conditions.append(DbMessage.worker_session_id == session_id)
         async with self._sessions() as session:
-            result = await session.exec(
+            state, values = decide(await session.get(DbMessage, message_id) if read else None)
+            ended = (
                 update(DbMessage)
                 .where(*conditions)
                 .values(state=state, finished_at=utcnow(), lease_deadline=None, **values)
+                .returning(DbMessage)
             )
-            if result.rowcount != 1:
+            stored = select(DbMessage).from_statement(ended).execution_options(populate_existing=True)
+            message = (await session.exec(stored)).scalars().one_or_none()
+            if message is None:
                 await session.rollback()
                 return None
             await session.commit()
-            return await session.get(DbMessage, message_id)
+        metrics.COMPLETED.labels(message.model_config_name or "", MessageState(message.state).value).inc()
+        return message
+
+
+def _result_values(result: GeneratedText) -> dict[str, object]:
+    """What a finished answer stores (with its state)."""
+    values: dict[str, object] = {
+        "content": result.text,
+        "finish_reason": result.finish_reason,
+        "generated_tokens": result.generated_tokens,
+        "prompt_tokens": result.prompt_tokens,
+        # At most the prompt: a worker's report is not trusted past what it can mean.
+        "cached_tokens": None
+        if result.cached_tokens is None
+        else min(result.cached_tokens, result.prompt_tokens or 0),
+        "answer_prefix": None,
+    }
+    if result.tool_calls:
+        values["result_payload"] = ResultPayload(tool_calls=result.tool_calls).stored()
+    return values
+
+
+def _complete_unless_cancelled() -> ColumnElement[Any]:
+    """The state of an answer that ends now: cancelled if a cancel was asked meanwhile (a cancel that did
+    not reach the worker in time still wins), else complete; read by the update itself."""
+    state_type = DbMessage.__table__.c.state.type
+    return case(
+        (DbMessage.cancel_requested, literal(MessageState.cancelled, state_type)),
+        else_=literal(MessageState.complete, state_type),
+    )
