@@ -135,7 +135,7 @@ class MessageLifecycle(Claiming):
             return False
         await self._charge(message)
         if self.usage_charger is not None:
-            await self.usage_charger.charge(message)
+            await self.usage_charger.charge(message, owner=fair_share.ticket_owner(message))
         await self._append_terminal(message.id, events.message_event(events.to_message_read(message)))
         logger.info(
             "message {} complete: {} tokens, {}", message.id, result.generated_tokens, result.finish_reason

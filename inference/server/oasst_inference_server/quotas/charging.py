@@ -24,11 +24,12 @@ class UsageCharger:
         self._prices = prices
         self._sessions = sessions
 
-    async def charge(self, message: DbMessage) -> bool:
+    async def charge(self, message: DbMessage, owner: str | None = None) -> bool:
         """Charge ``message``'s reported tokens; False if there was nothing to charge or it was charged
-        before. A broker failure is logged: the budgets' counters are rebuilt from the database."""
+        before. A broker failure is logged: the budgets' counters are rebuilt from the database.
+        ``owner``: the user it is for, where the caller knows (else a chat message's chat is read)."""
         prompt, completion = message.prompt_tokens or 0, message.generated_tokens or 0
-        return await self._charge(message, prompt, completion, periods.charged_marker(message.id))
+        return await self._charge(message, prompt, completion, periods.charged_marker(message.id), owner)
 
     async def charge_late_prompt(self, message: DbMessage) -> bool:
         """Charge the prompt tokens of an answer that was stored, and charged, before its worker reported
@@ -36,11 +37,13 @@ class UsageCharger:
         marker = periods.charged_marker(f"prompt:{message.id}")
         return await self._charge(message, message.prompt_tokens or 0, 0, marker)
 
-    async def _charge(self, message: DbMessage, prompt: int, completion: int, marker: str) -> bool:
+    async def _charge(
+        self, message: DbMessage, prompt: int, completion: int, marker: str, owner: str | None = None
+    ) -> bool:
         tokens = prompt + completion
         if tokens <= 0:
             return False
-        user_id = message.user_id or await self._chat_owner(message.chat_id)
+        user_id = message.user_id or owner or await self._chat_owner(message.chat_id)
         micro = self._prices.micro_usd(message.model_config_name, prompt, completion)
         queued = message.enqueued_at or utcnow()
         subjects: list[tuple[SubjectKind, str]] = [("user", user_id)] if user_id else []

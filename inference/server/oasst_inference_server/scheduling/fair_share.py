@@ -76,6 +76,9 @@ class Ticket(BaseModel):
     # The worker session that answered the previous turn, and the tokens of it its backend may hold.
     affinity: str | None = Field(default=None, max_length=_MAX_SESSION_ID, pattern=r"^\S+$")
     cached_tokens: int = Field(default=0, ge=0)
+    # The user the message is for (a chat's owner for a chat message), whatever ``user`` the fair queue
+    # uses: its usage limits are charged to them without reading the chat again. None in older tickets.
+    owner: str | None = Field(default=None, max_length=64)
 
     def placement(self) -> Placement:
         return Placement(
@@ -164,6 +167,7 @@ async def new_ticket(
         trusted_only=(tier or settings.default_user_tier) in settings.trusted_workers_only_tiers,
         affinity=affinity,
         cached_tokens=cached,
+        owner=user_id,
     )
 
 
@@ -202,6 +206,12 @@ def requested_options(message: DbMessage) -> SchedulingRequest:
 
 def stored_ticket(message: DbMessage) -> Ticket | None:
     return ticket_from(message.scheduling)
+
+
+def ticket_owner(message: DbMessage) -> str | None:
+    """The user the message's stored ticket names as its owner (None without one)."""
+    ticket = stored_ticket(message)
+    return ticket.owner if ticket is not None else None
 
 
 def ticket_from(scheduling: dict[str, Any] | None) -> Ticket | None:

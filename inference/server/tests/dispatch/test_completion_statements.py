@@ -1,6 +1,7 @@
 """A worker's result is stored in one statement, on both stores: the UPDATE that ends the message returns
 it (no read before or after), and a cancel asked meanwhile still wins in that statement. A message holding
-a continued answer's start is read first, in the same transaction (test_continuation covers its text)."""
+a continued answer's start is read first, in the same transaction (test_continuation covers its text).
+Its usage is charged to the user its fair-queue ticket names, without reading its chat."""
 
 from __future__ import annotations
 
@@ -42,6 +43,8 @@ async def test_a_result_is_stored_in_one_statement(client, app, user, model) -> 
         assert await lifecycle.complete("ws-one", result(chat.assistant_id, "two words"))
     assert message_statements(statements) == ["UPDATE"], statements
     assert any(s.startswith("UPDATE message SET") and "RETURNING" in s for s in statements), statements
+    # Its usage is charged to the chat's owner, whom its ticket names: the chat is not read for it.
+    assert not [s for s in statements if " FROM chat " in f"{s} "], statements
     done = await lifecycle.get(chat.assistant_id)
     assert (done.state, done.content, done.generated_tokens) == ("complete", "two words", 2)
 
