@@ -42,6 +42,7 @@ SCRIPTS = [
     "litellm_compare",
     "relay_targets",
     "paced_relay",
+    "sql_layer",
     "profile_hot_path",
     "scheduling",
     "many_streams",

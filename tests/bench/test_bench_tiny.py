@@ -196,3 +196,16 @@ def test_cpu_batching(tmp_path):
     assert m["cpu_ms_per_token_1"] > 0 and m["cpu_ms_per_token_4"] > 0
     assert plausible_seconds(m["ttft_cold"]) and plausible_seconds(m["ttft_warm"])
     assert {t["name"] for t in report["targets"]} == {"CPU backend batching", "CPU backend prefix cache"}
+
+
+def test_sql_layer(tmp_path):
+    report = run_tiny("sql_layer", tmp_path)
+    layers = report["metrics"]
+    assert set(layers) == {
+        "ORM session (as the server)",
+        "SQLAlchemy Core, pooled connection",
+        "asyncpg under SQLAlchemy's pool",
+        "asyncpg, plain",
+    }
+    for layer in layers.values():
+        assert 0 < layer["read_us"] < 1e6 and 0 < layer["end_us"] < 1e6
