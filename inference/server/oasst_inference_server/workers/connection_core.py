@@ -317,8 +317,9 @@ class ConnectionCore:
 
     async def _publish_session(self, *, if_changed: bool = False) -> None:
         """Write the session record (its TTL twice the ping timeout). ``if_changed`` (a pong): only when it
-        differs from the last one written, or that one has lived half its TTL: a thousand workers'
-        pongs that report what their records already say cost the broker no write."""
+        differs from the last one written, or that one has lived half its TTL, or a read of the sessions
+        missed it (Redis flushed): a thousand workers' pongs that report what their records already say
+        cost the broker no write."""
         session = WorkerSession(
             model_config=self.info.model_config_,
             max_parallel_requests=self.info.max_parallel_requests,
@@ -348,7 +349,12 @@ class ConnectionCore:
         )
         ttl = self._settings.worker_ping_timeout * 2
         now = time.monotonic()
-        if if_changed and session == self._published_session and now - self._published_at < ttl / 2:
+        if (
+            if_changed
+            and session == self._published_session
+            and now - self._published_at < ttl / 2
+            and not self._broker.lost_here(self.session_id)  # Redis flushed: not what it holds now
+        ):
             return
         try:
             await self._broker.put_worker_session(session.record(self.session_id), ttl=ttl)

@@ -56,3 +56,27 @@ async def test_pongs_write_the_session_only_when_it_changed_or_is_due(app) -> No
         assert len(broker.writes) == 4
     finally:
         await app.state.broker.remove_worker_session(connection.session_id)
+
+
+async def test_a_pong_writes_again_a_session_that_redis_lost(app) -> None:
+    """Redis flushed (or restarted empty) between two writes: the next read of the sessions misses this
+    process's session, and the next pong writes it again although nothing changed; then pongs go quiet."""
+    broker = app.state.broker
+    connection = stand_in_connection(app, "pong-lost", StandInSocket(), StubDispatcher(), slots=2)
+    counted = connection._broker = CountedWrites(broker)  # type: ignore[assignment]
+    try:
+        await connection._publish_session()
+        await connection._on_pong(Pong(ping_id="p0", free_slots=2))
+        assert len(counted.writes) == 1
+        # As FLUSHALL does to it, behind the server's back.
+        await broker._client.delete(broker.keys.session(connection.session_id))
+        await broker._client.zrem(broker.keys.session_index, connection.session_id)
+        view = app.state.registry.sessions
+        assert connection.session_id not in (await view.snapshot(fresh=True)).sessions
+        await connection._on_pong(Pong(ping_id="p1", free_slots=2))
+        assert len(counted.writes) == 2
+        assert connection.session_id in (await view.snapshot(fresh=True)).sessions
+        await connection._on_pong(Pong(ping_id="p2", free_slots=2))
+        assert len(counted.writes) == 2
+    finally:
+        await broker.remove_worker_session(connection.session_id)
