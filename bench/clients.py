@@ -14,10 +14,13 @@ from typing import Any
 import httpx
 
 
-def http_client(concurrency: int) -> httpx.AsyncClient:
+def http_client(concurrency: int, timeout: float = 600.0) -> httpx.AsyncClient:
+    """A client for ``concurrency`` requests at once; ``timeout``: the seconds a read (or a wait for a
+    connection of the pool) may take, at least 600."""
     size = 2 * concurrency + 50
+    timeout = max(timeout, 600.0)
     return httpx.AsyncClient(
-        timeout=httpx.Timeout(600.0, connect=60.0, pool=600.0),
+        timeout=httpx.Timeout(timeout, connect=60.0, pool=timeout),
         # Idle connections are dropped before uvicorn's 5 s keep-alive timeout closes them from its side:
         # a request sent on a connection the server is closing fails with a ReadError.
         limits=httpx.Limits(max_connections=size, max_keepalive_connections=size, keepalive_expiry=2.0),

@@ -175,3 +175,19 @@ def test_the_checked_in_report_has_one_generated_part_between_hand_written_ones(
     assert "## Running the benchmarks" in before and "## Where each target stands" in after
     assert "| target | goal | measured | status |" in generated
     assert (ROOT / "docs" / run_all.DETAILS_NAME).exists()
+
+
+def test_many_streams_clients_wait_longer_than_the_opening_phase():
+    """A stream opened first is held, reading nothing, until every stream is open: its client's read
+    timeout (and its wait for a pooled connection) follows ``--open-timeout`` instead of a fixed 600 s."""
+    import asyncio
+
+    from bench import many_streams
+
+    async def timeouts() -> tuple[float | None, float | None]:
+        async with clients.http_client(10, many_streams.client_timeout(1200.0)) as client:
+            return client.timeout.read, client.timeout.pool
+
+    read, pool = asyncio.run(timeouts())
+    assert read is not None and read > 1200.0
+    assert pool is not None and pool > 1200.0

@@ -330,8 +330,8 @@ def test_a_late_or_large_pipelined_head_lets_the_answer_in_flight_finish_then_cl
     assert received.startswith(b"HTTP/1.1 200 OK")
     assert b'"event_type":"message"' in received and b"an answer" in received
     stream = received.split(b"\r\n\r\n", 1)[1]
-    # Nothing was written into the stream: no refusal's status line or body (the pings carry timestamps,
-    # whose digits may spell 408 or 431, so the check looks for the refusal itself).
+    # Nothing was written into the stream: no refusal's status line or body (ids and data carry digits
+    # that may spell 408 or 431, so the check looks for the refusal itself).
     assert b"HTTP/1.1" not in stream, stream[-300:]
     assert b"request_header_timeout" not in stream and b"request_header_too_large" not in stream
 

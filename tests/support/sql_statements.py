@@ -12,15 +12,21 @@ from sqlalchemy import event
 
 @contextlib.contextmanager
 def recorded_statements(app: FastAPI) -> Iterator[list[str]]:
-    """The statements the app's engine sends inside the block, whitespace collapsed, in order."""
+    """The statements the app's engines send inside the block (the request pool's and the silent streams'
+    state checks' own), whitespace collapsed, in order."""
     statements: list[str] = []
-    engine = app.state.session_factory.kw["bind"].sync_engine
+    engines = [app.state.session_factory.kw["bind"].sync_engine]
+    state_check_engine = getattr(app.state, "state_check_engine", None)
+    if state_check_engine is not None and state_check_engine.sync_engine is not engines[0]:
+        engines.append(state_check_engine.sync_engine)
 
     def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
         statements.append(" ".join(statement.split()))
 
-    event.listen(engine, "before_cursor_execute", record)
+    for engine in engines:
+        event.listen(engine, "before_cursor_execute", record)
     try:
         yield statements
     finally:
-        event.remove(engine, "before_cursor_execute", record)
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", record)

@@ -146,8 +146,19 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings,
             lease_sessions=make_session_factory(lease_engine),
         )
-        # What event readers ask besides the stream (state checks, queue positions), read-only.
-        app.state.message_reads = MessageReads(session_factory, broker, app.state.registry.sessions)
+        # What event readers ask besides the stream (state checks, queue positions), read-only. The silent
+        # streams' state checks on connections of their own: held streams must not take the connections
+        # of the requests that open new ones (one batched read at a time needs no more than two).
+        state_check_engine = (
+            engine if engine.dialect.name == "sqlite" else create_engine(settings, connections=2)
+        )
+        app.state.state_check_engine = state_check_engine
+        app.state.message_reads = MessageReads(
+            session_factory,
+            broker,
+            app.state.registry.sessions,
+            state_check_sessions=make_session_factory(state_check_engine),
+        )
         app.state.dispatchers = Dispatchers(
             broker, app.state.lifecycle, trusted_only_tiers=bool(settings.trusted_workers_only_tiers)
         )
@@ -248,8 +259,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await remote_questions.close()
             await app.state.lifecycle.leases.close()
             await app.state.message_reads.close()
-            if lease_engine is not engine:
-                await lease_engine.dispose()
+            for own_engine in (lease_engine, state_check_engine):
+                if own_engine is not engine:
+                    await own_engine.dispose()
             await fanout.close()
             await broker.close()
             await engine.dispose()

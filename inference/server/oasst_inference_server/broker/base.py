@@ -28,7 +28,7 @@ The broker holds only what can be rebuilt from the database (rule 1 of docs/arch
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Collection, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import NamedTuple
 
@@ -91,8 +91,22 @@ class Broker(abc.ABC):
         this process are stale, as after a new or a removed session."""
         self.local_session_changes += 1
 
+    def lost_here(self, session_id: str) -> bool:
+        """Whether the last read of all sessions (:mod:`.session_view`) missed this process's session
+        ``session_id`` (Redis was flushed, or restarted empty) and it has not been put since: its
+        connection writes it again at its next pong, whether or not it changed."""
+        return session_id in self.__dict__.get("_lost_session_ids", ())
+
+    def note_sessions_read(self, session_ids: Collection[str]) -> None:
+        """The ids a read of all sessions found: this process's sessions among them are not lost."""
+        ids: set[str] = self.__dict__.get("_local_session_ids", set())
+        self.__dict__["_lost_session_ids"] = ids.difference(session_ids)
+
     def _note_local_session(self, session_id: str, present: bool) -> None:
         """Called by :meth:`put_worker_session` (present) and :meth:`remove_worker_session` (not)."""
+        lost: set[str] | None = self.__dict__.get("_lost_session_ids")
+        if lost:
+            lost.discard(session_id)
         ids: set[str] = self.__dict__.setdefault("_local_session_ids", set())
         if (session_id in ids) != present:
             if present:

@@ -90,6 +90,8 @@ class WorkerSessionView:
     async def _read_sessions(self) -> SessionSnapshot:
         read_at, local_changes = time.monotonic(), self.broker.local_session_changes
         records = await self.broker.list_worker_sessions()
+        # This process's sessions missing from the read are written again at their next pong.
+        self.broker.note_sessions_read([record.session_id for record in records])
         parsed: dict[str, tuple[str, WorkerSession | None]] = {}
         sessions: dict[str, WorkerSession] = {}
         for record in records:

@@ -2,14 +2,15 @@
 :class:`~.base.WorkerSessionRecord`.
 
 The replica holding the socket writes it (when the worker connects, drains or reports capacity) with a
-TTL refreshed by the worker's pongs; every replica reads it: which models are live and what their
+TTL refreshed by the worker's pongs (a pong writes it only when it changed or has lived half its TTL); every replica reads it: which models are live and what their
 workers can do (``scheduling.worker_registry``), estimated waits and the queue view, the admin API, a
 worker key's open sockets. A record this version cannot read is skipped by those that need its data.
 
 Protocol 6 adds what the fleet's model switches need (``fleet``): the model configs the worker can switch
 to (:class:`ServableSummary`, a bounded summary of each, not the whole config: the record is written at
-every pong), whether its backend holds a model, the switch it is making (:class:`SwitchState`, with its
-last progress) and the outcome of its last one (:class:`SwitchOutcome`), and since when it has been idle.
+every change of capacity), whether its backend holds a model, the switch it is making
+(:class:`SwitchState`, with its last progress) and the outcome of its last one (:class:`SwitchOutcome`),
+and since when it has been idle.
 """
 
 from __future__ import annotations

@@ -62,6 +62,12 @@ class ModelDispatcher:
         self._broker = broker
         self._lifecycle = lifecycle
         self.workers: dict[str, Assignable] = {}
+        # Counts the workers' arrivals and departures: what is built from the list of workers (their
+        # capacities here, the counting workers of ``workers.prompt_sizes``) is rebuilt when it moves,
+        # not per job or per request. (A connection's capacity object is replaced only while it is
+        # detached: a model switch.)
+        self.version = 0
+        self._capacity_list: list[WorkerCapacity] | None = None
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         # True while the dispatcher waits on the queue with room on some worker and nothing in hand: a
@@ -72,6 +78,7 @@ class ModelDispatcher:
 
     def attach(self, connection: Assignable) -> None:
         self.workers[connection.session_id] = connection
+        self.workers_changed()
         info: Any = getattr(connection, "info", None)
         if info is not None:
             self.max_total_length = info.model_config_.max_total_length
@@ -81,6 +88,7 @@ class ModelDispatcher:
 
     async def detach(self, connection: Assignable) -> None:
         self.workers.pop(connection.session_id, None)
+        self.workers_changed()
         self.capacity_changed()
         if not self.workers and self._task is not None:
             task, self._task = self._task, None
@@ -91,8 +99,17 @@ class ModelDispatcher:
     def capacity_changed(self) -> None:
         self._changed.set()
 
+    def workers_changed(self) -> None:
+        """A worker arrived, left, or announced its model anew: lists built from the workers are stale."""
+        self.version += 1
+        self._capacity_list = None
+
     def _capacities(self) -> list[WorkerCapacity]:
-        return [connection.capacity for connection in self.workers.values()]
+        """The workers' capacities (live objects: their counts are current), listed once per change of
+        the workers: with a thousand workers, listing them per job cost more than choosing among them."""
+        if self._capacity_list is None:
+            self._capacity_list = [connection.capacity for connection in self.workers.values()]
+        return self._capacity_list
 
     async def _wait_for_change(self, timeout: float | None = None) -> None:
         self._changed.clear()

@@ -66,7 +66,10 @@ class _EventStreamsSettings(BaseModel):
         ),
     )
     sse_ping_interval: float = Field(
-        default=15.0, gt=0, description="Seconds between keep-alive comments on idle event streams."
+        default=15.0,
+        gt=0,
+        description="Seconds of silence after which an event stream gets a keep-alive comment "
+        "(`: keep-alive`, which clients ignore), so that a proxy's read timeout does not drop it.",
     )
     pending_update_interval: float = Field(
         default=1.0,

@@ -19,6 +19,10 @@ from oasst_shared.schemas import MessageState
 
 _TERMINAL_GRACE_SECONDS = 2.0
 FIRST_PENDING_WAIT = 0.2  # seconds a new reader of a pending message waits for an event before its position
+# The longest a reader of a silent message in progress waits between its state checks: the wait doubles
+# from ``pending_update_interval`` while the message stays in progress with no event (a worker in a long
+# prefill, held streams), and starts over at the next event.
+MAX_SILENT_WAIT = 8.0
 
 
 async def read_message_events(
@@ -36,13 +40,15 @@ async def read_message_events(
     after ``after``, through this process's one reader of that stream (:mod:`.fanout`); while the
     message waits, a ``pending`` event with its queue position (its place in the fair queue's dispatch
     order) and estimated wait is added every ``pending_update_interval``, the first one as soon as a
-    new reader has waited ``FIRST_PENDING_WAIT`` for its first event; it ends after exactly one terminal
-    event, rebuilt from the database when the stream has expired. ``message`` is the message as the
-    caller just read or created it.
+    new reader has waited ``FIRST_PENDING_WAIT`` for its first event; while the message is in progress
+    with no event, its state is checked after waits that double up to ``MAX_SILENT_WAIT``; it ends after
+    exactly one terminal event, rebuilt from the database when the stream has expired. ``message`` is
+    the message as the caller just read or created it.
     """
     message_id = message.id
     stream = events.stream_name(message_id)
-    wait = settings.pending_update_interval
+    interval = settings.pending_update_interval
+    wait = interval
     if message.state == MessageState.pending and after is None:
         # A message that gets a worker at once needs no queue position: working it out (the queue, the
         # workers, the database) would only compete with the claim on the way to the first token.
@@ -56,10 +62,10 @@ async def read_message_events(
             except BrokerError as exc:
                 # Redis is down: keep the reader, follow the database until it is back.
                 logger.warning("event stream of {} unavailable: {}", message_id, exc)
-                await asyncio.sleep(settings.pending_update_interval)
+                await asyncio.sleep(interval)
                 entries = []
-            wait = settings.pending_update_interval
             if entries:
+                wait = interval
                 batch, ended = _up_to_terminal(entries)
                 yield batch
                 if ended:
@@ -72,11 +78,16 @@ async def read_message_events(
             state = await reads.state_checks.state(message_id)
             if state is None:
                 return
-            if state.is_terminal or state == MessageState.pending:
-                message = await reads.get(message_id)
-                if message is None:
-                    return
-                state = MessageState(message.state)
+            if state == MessageState.in_progress:
+                # Nothing to tell until it moves: ask again later and later (one read per reader per
+                # interval made 10,000 held streams the database's busiest client).
+                wait = min(max(wait, interval) * 2, max(MAX_SILENT_WAIT, interval))
+                continue
+            wait = interval
+            message = await reads.get(message_id)  # ended or waiting: what there is to tell
+            if message is None:
+                return
+            state = MessageState(message.state)
             if state.is_terminal:
                 # The database is updated just before the terminal event is appended: give it a moment
                 # to land, so the reader gets it with its id. Without a stream (expired), the

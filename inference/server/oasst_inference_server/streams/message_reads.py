@@ -28,13 +28,15 @@ class MessageReads:
         session_factory: async_sessionmaker[AsyncSession],
         broker: Broker,
         worker_sessions: WorkerSessionView | None = None,
+        state_check_sessions: async_sessionmaker[AsyncSession] | None = None,
     ):
         self._sessions = session_factory
         self._broker = broker
         # The process's view of the worker sessions (shared with the registry where main builds both).
         self._worker_sessions = worker_sessions or WorkerSessionView(broker)
-        # Silent streams' readers ask for their message's state through it, batched.
-        self.state_checks = StateChecks(session_factory)
+        # Silent streams' readers ask for their message's state through it, batched, on connections of
+        # its own where main gives it some: 10,000 held streams then take none of the request pool's.
+        self.state_checks = StateChecks(state_check_sessions or session_factory)
 
     async def close(self) -> None:
         await self.state_checks.close()

@@ -160,6 +160,9 @@ class ConnectionCore:
         self._gate = ClaimGate()
         # Questions to the worker (tokenize, detokenize) waiting for their answers (:mod:`.worker_calls`).
         self.calls = WorkerCalls(self._send)
+        # The session record last written and when (monotonic): a pong writes only a change or a refresh.
+        self._published_session: WorkerSession | None = None
+        self._published_at = 0.0
         self._capacity_changed_quietly()
 
     # ------------------------------------------------------------ public
@@ -312,8 +315,12 @@ class ConnectionCore:
             )
             raise ConnectionClosed(CLOSE_POLICY_VIOLATION, "the worker does not read its socket") from None
 
-    async def _publish_session(self) -> None:
-        record = WorkerSession(
+    async def _publish_session(self, *, if_changed: bool = False) -> None:
+        """Write the session record (its TTL twice the ping timeout). ``if_changed`` (a pong): only when it
+        differs from the last one written, or that one has lived half its TTL, or a read of the sessions
+        missed it (Redis flushed): a thousand workers' pongs that report what their records already say
+        cost the broker no write."""
+        session = WorkerSession(
             model_config=self.info.model_config_,
             max_parallel_requests=self.info.max_parallel_requests,
             free_slots=self.free_slots,
@@ -339,8 +346,20 @@ class ConnectionCore:
             switch=self.switch.state if self.switch is not None else None,
             last_switch=self.last_switch,
             idle_since=self.idle_since,
-        ).record(self.session_id)
+        )
+        ttl = self._settings.worker_ping_timeout * 2
+        now = time.monotonic()
+        if (
+            if_changed
+            and session == self._published_session
+            and now - self._published_at < ttl / 2
+            and not self._broker.lost_here(self.session_id)  # Redis flushed: not what it holds now
+        ):
+            return
         try:
-            await self._broker.put_worker_session(record, ttl=self._settings.worker_ping_timeout * 2)
+            await self._broker.put_worker_session(session.record(self.session_id), ttl=ttl)
         except BrokerError as exc:
             logger.warning("worker {}: session not published: {}", self.session_id, exc)
+            self._published_session = None  # the next pong tries again
+            return
+        self._published_session, self._published_at = session, now

@@ -250,7 +250,7 @@ class FrameReceiving(AnswerModeration):
             # with the other workers' pongs (:mod:`..dispatch.lease_extensions`): the receive loop reads on.
             holding = set(self.in_flight) - self._gate.unconfirmed()
             self._lifecycle.leases.extend_soon(self.session_id, holding, self._cancel_again)
-        await self._publish_session()
+        await self._publish_session(if_changed=True)
 
     async def _cancel_again(self, message_ids: list[str]) -> None:
         for message_id in message_ids:

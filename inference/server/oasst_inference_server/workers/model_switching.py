@@ -301,3 +301,5 @@ class ModelSwitching(ConnectionCore):
             self._dispatcher = dispatcher
             if dispatcher is not None:
                 dispatcher.attach(me)
+        elif dispatcher is not None:
+            dispatcher.workers_changed()  # the same model anew: what it can do (counting) may differ

@@ -24,15 +24,16 @@ import functools
 import hashlib
 import random
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, cast
 
 from loguru import logger
 
 from oasst_inference_server.broker import BrokerError
-from oasst_inference_server.broker.session_view import WorkerSessionView
-from oasst_inference_server.scheduling.dispatcher import Dispatchers
+from oasst_inference_server.broker.session_view import SessionSnapshot, WorkerSessionView
+from oasst_inference_server.broker.worker_session import WorkerSession
+from oasst_inference_server.scheduling.dispatcher import Dispatchers, ModelDispatcher
 from oasst_inference_server.workers.remote_questions import RemoteQuestions
 from oasst_inference_server.workers.trust import WorkerTrust
 from oasst_inference_server.workers.worker_calls import CallFailed, WorkerCalls
@@ -86,6 +87,11 @@ class PromptSizes:
         self._counts: OrderedDict[tuple[str, bytes], int] = OrderedDict()
         # Model -> the most bytes its chat template was seen to add to a conversation's text.
         self._overheads: dict[str, int] = {}
+        # Who can count, per model, rebuilt only when the workers change (a dispatcher's ``version``, a
+        # new read of the sessions), not scanned over a thousand workers per request: this process's
+        # workers of the model that count, and the other replicas' (trusted ones alone where any is).
+        self._local_counters: dict[str, tuple[ModelDispatcher, int, list[CountsTokens]]] = {}
+        self._remote_counters: dict[str, tuple[SessionSnapshot, int, list[str]]] = {}
         self.asked = 0  # counts asked of workers (for tests and the logs)
 
     async def size(
@@ -187,9 +193,22 @@ class PromptSizes:
         if self._sessions is None:
             return []
         try:
-            sessions = (await self._sessions.snapshot()).sessions
+            snapshot = await self._sessions.snapshot()
         except BrokerError:
             return []
+        here = self._dispatchers.by_model.get(model)
+        version = here.version if here is not None else -1
+        cached = self._remote_counters.get(model)
+        if cached is None or cached[0] is not snapshot or cached[1] != version:
+            cached = self._remote_counters[model] = (
+                snapshot,
+                version,
+                self._remote_pool(model, snapshot.sessions),
+            )
+        pool = cached[2]
+        return random.sample(pool, 1) if pool else []
+
+    def _remote_pool(self, model: str, sessions: Mapping[str, WorkerSession]) -> list[str]:
         here = self._dispatchers.by_model.get(model)
         local = set(here.workers) if here is not None else set()
         able = [
@@ -202,8 +221,7 @@ class PromptSizes:
             and session_id not in local
         ]
         trusted = [session_id for session_id, is_trusted in able if is_trusted]
-        pool = trusted or [session_id for session_id, _ in able]
-        return random.sample(pool, 1) if pool else []
+        return trusted or [session_id for session_id, _ in able]
 
     def _counting_workers(self, model: str) -> Sequence[CountsTokens]:
         """The workers of this process that count for ``model``: trusted ones first (a count decides
@@ -211,10 +229,13 @@ class PromptSizes:
         dispatcher = self._dispatchers.by_model.get(model)
         if dispatcher is None:
             return []
-        workers = [cast(CountsTokens, w) for w in dispatcher.workers.values()]
-        able = [
-            w for w in workers if w.tokenizes and not w.draining and not w.switching and not w.trust.flagged
-        ]
+        cached = self._local_counters.get(model)
+        if cached is None or cached[0] is not dispatcher or cached[1] != dispatcher.version:
+            # Whether a connection counts at all is fixed by its handshake; the rest is read per count.
+            counting = [cast(CountsTokens, w) for w in dispatcher.workers.values()]
+            cached = (dispatcher, dispatcher.version, [w for w in counting if w.tokenizes])
+            self._local_counters[model] = cached
+        able = [w for w in cached[2] if not w.draining and not w.switching and not w.trust.flagged]
         return sorted(able, key=lambda w: (not w.trust.trusted, w.calls.open_count))
 
 

@@ -237,3 +237,49 @@ def test_a_job_note_of_another_form_is_no_placement():
         assert parsed is None or parsed.affinity is None, bad
     for note in ["", "1 2", "1 2 3", "1 2 1 4", "-1 2 0", "1.5 2 0", "1 ² 0", "١ 2 0", "a b c", "1 2 01"]:
         assert Placement.parse(note) is None, note
+
+
+class CountedCapacity:
+    """A connection whose capacity reads are counted: how often the dispatcher lists its workers."""
+
+    def __init__(self, session_id: str, slots: int) -> None:
+        self.session_id = session_id
+        self._capacity = WorkerCapacity(session_id, declared_slots=slots)
+        self.reads = 0
+
+    @property
+    def capacity(self) -> WorkerCapacity:
+        self.reads += 1
+        return self._capacity
+
+    def reserve(self) -> None:
+        self._capacity.in_flight += 1
+
+    def assign(self, message_id: str, max_new_tokens: int | None = None) -> None:
+        raise AssertionError("not placed from the queue here")
+
+
+async def test_the_workers_capacities_are_listed_once_per_change_of_the_workers() -> None:
+    """A thousand workers listed per job cost more than choosing among them: the list is built when a
+    worker arrives or leaves, and each job reads the live capacities through it (a slot taken counts)."""
+    from oasst_inference_server.broker import InMemoryBroker
+
+    dispatcher = ModelDispatcher("m", InMemoryBroker(), StubLifecycle(InMemoryBroker(), "q"))  # type: ignore[arg-type]
+    workers = [CountedCapacity(f"ws-{n}", slots=4) for n in range(3)]
+    for worker in workers:
+        dispatcher.attach(worker)  # type: ignore[arg-type]
+    dispatcher.waiting = True  # as while it waits on its queue
+    job = Placement(tokens=10, max_new_tokens=5, trusted_only=False)
+    chosen = [dispatcher.take_now(job) for _ in range(12)]
+    assert [c.session_id if c else None for c in chosen].count(None) == 0  # 12 jobs, 12 free slots
+    assert dispatcher.take_now(job) is None  # every slot taken: the live counts were read
+    assert [w.reads for w in workers] == [1, 1, 1]
+    late = CountedCapacity("ws-late", slots=1)
+    dispatcher.attach(late)  # type: ignore[arg-type]
+    assert dispatcher.take_now(job) is late
+    assert [w.reads for w in [*workers, late]] == [2, 2, 2, 1]
+    await dispatcher.detach(late)  # type: ignore[arg-type]
+    assert dispatcher.take_now(job) is None
+    assert late.reads == 1
+    for worker in workers:
+        await dispatcher.detach(worker)  # type: ignore[arg-type]

@@ -81,9 +81,10 @@ async def test_silent_streams_ask_their_state_in_one_read_per_moment(client, use
             await asyncio.gather(*(read_one_batch(message) for message in held))
         # Only the state checks: the app's own background work (dispatch, queue status) reads messages too.
         reads = [text for text in message_reads(statements) if text.startswith(STATE_CHECK)]
-        # Three silent intervals of six readers: 18 reads one by one. Shared, one per interval when the
-        # readers' timers line up; a loaded machine spreads them past the batching window now and then,
-        # so the bound is half of the unshared count, and some read must have answered several readers.
+        # Two silent intervals of six readers (0.3 s, then 0.6 s: held streams back off): 12 reads one
+        # by one. Shared, one per interval when the readers' timers line up; a loaded machine spreads them
+        # past the batching window now and then, so the bound is loose, and some read must have answered
+        # several readers.
         assert 1 <= len(reads) <= 9, reads
         assert max(ids_in(text) for text in reads) >= 2, reads
     finally:

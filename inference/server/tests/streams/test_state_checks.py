@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from sqlalchemy import event
 from sqlalchemy.ext.asyncio import create_async_engine
 
 from oasst_inference_server.db.engine import make_session_factory
@@ -75,3 +76,35 @@ async def test_closing_cancels_the_open_questions(app) -> None:
     await checks.close()
     with pytest.raises(asyncio.CancelledError):
         await question
+
+
+async def test_the_apps_state_checks_take_no_connection_of_the_request_pool(
+    app, client, user, live_model
+) -> None:
+    """Held streams ask for their message's state on connections of their own: 10,000 of them must not
+    take the connections of the requests that open new streams (the request pool sees none of their
+    reads; the state checks' own engine sees it)."""
+    chat = await start_chat(client, user, "wait", live_model)
+    assert chat.assistant_id
+    request_pool = app.state.engine.sync_engine
+    own = app.state.state_check_engine.sync_engine
+    assert own is not request_pool
+    seen: dict[str, list[str]] = {"requests": [], "own": []}
+
+    def recorder(where: str):  # type: ignore[no-untyped-def]
+        def record(conn, cursor, statement, parameters, *args) -> None:  # type: ignore[no-untyped-def]
+            if "message.state" in statement and chat.assistant_id in str(parameters):
+                seen[where].append(statement)
+
+        return record
+
+    on_requests, on_own = recorder("requests"), recorder("own")
+    event.listen(request_pool, "before_cursor_execute", on_requests)
+    event.listen(own, "before_cursor_execute", on_own)
+    try:
+        assert await app.state.message_reads.state_checks.state(chat.assistant_id) == MessageState.pending
+    finally:
+        event.remove(request_pool, "before_cursor_execute", on_requests)
+        event.remove(own, "before_cursor_execute", on_own)
+    assert seen["requests"] == []
+    assert len(seen["own"]) == 1

@@ -1,11 +1,10 @@
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator
 from contextlib import aclosing
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Request
-from sse_starlette import EventSourceResponse
 
 from oasst_inference_server.admission.limits import check_chat_capacity, check_message_length
 from oasst_inference_server.admission.request_bounds import check_chat_count
@@ -20,6 +19,7 @@ from oasst_inference_server.api.deps import (
     StreamFanoutDep,
     SubmissionDep,
 )
+from oasst_inference_server.api.served import EventStreamResponse
 from oasst_inference_server.broker import is_stream_id
 from oasst_inference_server.chats.chat_store import (
     add_prompter_message,
@@ -164,7 +164,7 @@ async def create_assistant_message(
 
 @router.post(
     "/{chat_id}/turns",
-    response_class=EventSourceResponse,
+    response_class=EventStreamResponse,
     responses={
         **_ANSWER_ERRORS,
         200: {
@@ -186,7 +186,7 @@ async def create_turn(
     fanout: StreamFanoutDep,
     reads: MessageReadsDep,
     settings: SettingsDep,
-) -> EventSourceResponse:
+) -> EventStreamResponse:
     """One call for a turn: add the user's message, queue the answer and stream it.
 
     The same as ``prompter_message``, ``assistant_message`` and ``.../events`` in a row, in one round
@@ -249,7 +249,7 @@ async def message_events(
     reads: MessageReadsDep,
     settings: SettingsDep,
     last_event_id: Annotated[str | None, Header()] = None,
-) -> EventSourceResponse:
+) -> EventStreamResponse:
     """Stream ``pending``, ``token`` and ``retry`` events, then one ``message`` or ``error`` event.
 
     Every stored event carries an id; reconnect with ``Last-Event-ID`` to get the rest, once.
@@ -267,20 +267,16 @@ async def message_events(
     return _event_stream(_encoded(batches, lease), settings)
 
 
-def _event_stream(body: AsyncIterator[bytes], settings: Settings) -> EventSourceResponse:
-    # no-cache rather than sse-starlette's no-store: the events are private either way (the request
-    # carries Authorization, which shared caches must not store), and Chromium reports a streamed
-    # no-store response read to its end as an aborted request, which the web page's tests forbid.
-    return EventSourceResponse(
-        body,
-        ping=int(settings.sse_ping_interval),
-        headers={"X-Accel-Buffering": "no", "Cache-Control": "no-cache"},
-    )
+def _event_stream(body: AsyncGenerator[bytes, None], settings: Settings) -> EventStreamResponse:
+    # Cache-Control no-cache, not no-store: the events are private either way (the request carries
+    # Authorization, which shared caches must not store), and Chromium reports a streamed no-store
+    # response read to its end as an aborted request, which the web page's tests forbid.
+    return EventStreamResponse(body, keep_alive=settings.sse_ping_interval)
 
 
 async def _encoded(
     batches: AsyncGenerator[list[SseEvent], None], lease: ReaderLease, first: list[SseEvent] | None = None
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     # One write per batch: a reader that fell behind catches up in one send, not one per token.
     async with lease.held(), aclosing(batches) as stream:
         if first:
