@@ -32,6 +32,15 @@ RESTART_MAX_DELAY = 30.0
 STABLE_AFTER = 60.0
 
 
+def backend_sequences() -> str:
+    """The sequences the bundled backend decodes at once (``OASST_CPU_BACKEND_PARALLEL_SEQUENCES``, else its
+    default): the worker takes as many jobs at once, so no slot of the backend stays idle while users wait."""
+    from oasst_cpu_backend.settings import Settings as BackendSettings
+
+    default = BackendSettings.model_fields["parallel_sequences"].default
+    return os.environ.get("OASST_CPU_BACKEND_PARALLEL_SEQUENCES", str(default))
+
+
 def _port_in_use(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.5)
@@ -179,6 +188,9 @@ def main() -> int:
             {
                 "OASST_WORKER_SERVER_URL": f"ws://{host}:{port}",
                 "OASST_WORKER_BACKEND_URL": backend_url,
+                "OASST_WORKER_MAX_PARALLEL_REQUESTS": os.environ.get(
+                    "OASST_WORKER_MAX_PARALLEL_REQUESTS", backend_sequences()
+                ),
             },
         )
         print(f">>> starting one worker, pid {worker.pid}", flush=True)

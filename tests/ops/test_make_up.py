@@ -114,7 +114,9 @@ def restarted_backend(make_up: MakeUp, killed: int, mark: int) -> int:
 
 
 def test_make_up_starts_a_killed_backend_again_and_the_stack_goes_on_serving(make_up: MakeUp):
-    make_up.wait_for("The stack is up.", timeout=300)
+    log = make_up.wait_for("The stack is up.", timeout=300)
+    # The worker takes as many jobs at once as the backend decodes (4 sequences): none of them idles.
+    assert re.search(r"worker ws-\S+ connected: model \S+, 4 slots", log), log[-3000:]
     api = ChatApi(make_up.url, f"user-{uuid.uuid4().hex[:8]}")
     assert answer(api)["message"]["state"] == "complete"
     [backend, server, worker] = make_up.started_pids()
