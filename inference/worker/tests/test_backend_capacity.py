@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from oasst_worker.connection.backend_health import BackendCapacity, parse_capacity
+from aiohttp import web
+
+from oasst_worker.connection.backend_health import BackendCapacity, BackendHealth, parse_capacity
 
 TGI = """# TYPE tgi_queue_size gauge
 tgi_queue_size 3
@@ -35,3 +37,48 @@ def test_unknown_or_broken_text_reports_nothing() -> None:
     assert parse_capacity("") == BackendCapacity()
     assert parse_capacity("something_else 1\n") == BackendCapacity()
     assert parse_capacity("{{{ not prometheus") == BackendCapacity()
+
+
+class CountingMetrics:
+    """A backend's /metrics on a real socket: the bundled backend's gauges, its reads counted."""
+
+    def __init__(self) -> None:
+        self.reads = 0
+        self.kv_free = 0
+
+    async def handle(self, request: web.Request) -> web.Response:
+        self.reads += 1
+        return web.Response(text=CPU_BACKEND.replace("2048.0", f"{self.kv_free}.0"))
+
+
+async def test_a_pong_after_a_job_ended_reads_the_backend_s_figures_again() -> None:
+    """The figures read while every slot was busy say no KV cache is free; once a job has ended, the
+    next pong reads them again rather than report them (the server would hold back the next job until
+    the next poll); pongs with no job ended in between read nothing."""
+    backend = CountingMetrics()
+    app = web.Application()
+    app.router.add_get("/metrics", backend.handle)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+    ended = [0]
+    health = BackendHealth(
+        None,  # type: ignore[arg-type]  # the health check itself is not used here
+        interval=60,
+        backend_url=f"http://127.0.0.1:{port}",
+        jobs_ended=lambda: ended[0],
+    )
+    try:
+        await health._read_capacity()  # the poll, every slot busy
+        assert health.capacity.kv_cache_free_tokens == 0 and backend.reads == 1
+        assert (await health.capacity_for_pong()).kv_cache_free_tokens == 0
+        assert backend.reads == 1  # nothing ended: the poll's figures
+        backend.kv_free, ended[0] = 2048, 1  # a job ends, its slot's stream is free
+        assert (await health.capacity_for_pong()).kv_cache_free_tokens == 2048
+        assert backend.reads == 2
+        assert (await health.capacity_for_pong()).kv_cache_free_tokens == 2048
+        assert backend.reads == 2
+    finally:
+        await runner.cleanup()

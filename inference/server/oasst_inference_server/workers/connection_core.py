@@ -252,9 +252,15 @@ class ConnectionCore:
         metrics.IN_FLIGHT.labels(self.model_name).inc()
 
     def _done(self, message_id: str) -> None:
-        """A job's slot is free: its record (if it still had one) ends here."""
-        if self._held.remove(message_id) is not None:
+        """A job's slot is free: its record (if it still had one) ends here. Its slot, and the KV cache it
+        may have held, are counted free at once: a worker whose last pong said its KV cache was full (all
+        its slots busy) takes the next job now rather than at its next pong, seconds later. The next
+        pong says again what is free."""
+        record = self._held.remove(message_id)
+        if record is not None:
             metrics.IN_FLIGHT.labels(self.model_name).dec()
+            if self.capacity.kv_cache_free_tokens is not None:
+                self.capacity.kv_cache_free_tokens += record.kv_room()
         if self.capacity.reported_free_slots is not None:
             self.capacity.reported_free_slots += 1
         self._capacity_changed()

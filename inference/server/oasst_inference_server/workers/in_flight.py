@@ -14,6 +14,7 @@ from typing import Any
 
 from loguru import logger
 
+from oasst_inference_server.scheduling.fair_share import CHARS_PER_TOKEN
 from oasst_inference_server.workers.embedding_parts import EmbeddingAssembly
 from oasst_inference_server.workers.worker_frames import token_cap
 from oasst_shared.protocol import EmbedWork, Work
@@ -58,6 +59,16 @@ class InFlight:
                 token_cap(self.work),
             )
         return False
+
+    def kv_room(self) -> int:
+        """The KV-cache tokens the job may hold, as its placement counts them: its prompt (four characters a
+        token, as the fair queue's tickets estimate it) and the tokens it may generate. 0 for embeddings."""
+        if self.work is None:
+            return 0
+        work = self.work
+        characters = sum(len(turn.content or "") for turn in work.thread)
+        characters += len(work.system_prompt or "") + len(work.raw_prompt or "")
+        return characters // CHARS_PER_TOKEN + work.sampling_parameters.max_new_tokens
 
     def first_token(self) -> float | None:
         """Mark the first token's time; the time from dispatch to it, once (None after)."""

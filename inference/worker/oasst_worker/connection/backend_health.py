@@ -5,11 +5,17 @@ Each poll also reads what the backend says of its capacity on its Prometheus ``/
 has one: requests waiting inside the backend and free KV-cache tokens. The worker reports them in its
 pongs and the server's dispatcher uses them (TGI: ``tgi_queue_size``; vLLM: ``vllm:num_requests_waiting``
 and the free share of ``vllm:cache_config_info``'s blocks; the bundled CPU backend: its own gauges).
-A backend without the endpoint is asked once, then no more."""
+A backend without the endpoint is asked once, then no more.
+
+A pong must not report the figures of a read made before a job ended: they still count that job's KV
+cache as taken, and the server would hold back the next job until the next poll (on the bundled backend,
+whose free KV cache is its free slots', seconds with every slot counted busy). So a pong after a job's end
+reads them again first (:meth:`BackendHealth.capacity_for_pong`)."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -27,6 +33,7 @@ _QUEUE_METRICS = (
     "sglang:num_queue_reqs",
     "oasst_cpu_backend_queue_size",
 )
+PONG_READ_TIMEOUT = 0.5  # seconds a pong waits for the backend's /metrics after a job ended
 _KV_FREE_METRICS = ("oasst_cpu_backend_kv_cache_free_tokens",)
 _VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
@@ -64,13 +71,30 @@ def parse_capacity(text: str) -> BackendCapacity:
 
 
 class BackendHealth:
-    def __init__(self, backend: BackendBase, *, interval: float, backend_url: str) -> None:
+    def __init__(
+        self,
+        backend: BackendBase,
+        *,
+        interval: float,
+        backend_url: str,
+        jobs_ended: Callable[[], int] = lambda: 0,
+    ) -> None:
         self._backend = backend
         self._interval = interval
         self._backend_url = backend_url
         self.healthy = False
         self.capacity = BackendCapacity()
         self._metrics_url: str | None = backend_url.rstrip("/") + "/metrics"
+        # How many of the connection's jobs had ended when the capacity figures were last read.
+        self._jobs_ended = jobs_ended
+        self._read_after = 0
+
+    async def capacity_for_pong(self) -> BackendCapacity:
+        """The capacity figures to report: the last read's, or a new read's if a job ended since."""
+        if self._metrics_url is not None and self._jobs_ended() > self._read_after:
+            # Short: the pong waits for it (a stalled /metrics reports no figures, not a late pong).
+            await self._read_capacity(timeout=PONG_READ_TIMEOUT)
+        return self.capacity
 
     async def wait_until_ready(self, stopped: asyncio.Event) -> None:
         """Until the backend answers its health check, or ``stopped`` is set."""
@@ -94,11 +118,12 @@ class BackendHealth:
             self._set(healthy)
             await self._read_capacity()
 
-    async def _read_capacity(self) -> None:
+    async def _read_capacity(self, timeout: float = 2.0) -> None:
         if self._metrics_url is None:
             return
+        self._read_after = self._jobs_ended()
         try:
-            async with httpx.AsyncClient(timeout=2.0) as client:
+            async with httpx.AsyncClient(timeout=timeout) as client:
                 response = await client.get(self._metrics_url)
         except httpx.HTTPError:
             self.capacity = BackendCapacity()

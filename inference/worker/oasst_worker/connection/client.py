@@ -67,10 +67,13 @@ class WorkerClient:
         # Switching the model on the server's request; None: this connection serves its model only.
         self.switching = switching
         self._switch_task: asyncio.Task[None] | None = None
-        self._health = BackendHealth(
-            jobs.backend, interval=settings.backend_health_interval, backend_url=settings.backend_url
-        )
         self._jobs = JobPool()
+        self._health = BackendHealth(
+            jobs.backend,
+            interval=settings.backend_health_interval,
+            backend_url=settings.backend_url,
+            jobs_ended=lambda: self._jobs.ended,
+        )
         self._draining = False
         self._stopped = asyncio.Event()
         self._ws: ClientConnection | None = None
@@ -210,7 +213,7 @@ class WorkerClient:
             self._unreadable(raw, str(exc))
             return
         if isinstance(frame, Ping):
-            capacity = self._health.capacity
+            capacity = await self._health.capacity_for_pong()
             await self._send(
                 Pong(
                     ping_id=frame.ping_id,

@@ -16,6 +16,7 @@ class JobPool:
     def __init__(self) -> None:
         self._running: dict[str, tuple[Job, asyncio.Task[None]]] = {}
         self._started: set[str] = set()  # jobs whose task has begun to run
+        self.ended = 0  # jobs ended so far (what the backend's capacity figures may not show yet)
 
     def __len__(self) -> int:
         return len(self._running)
@@ -76,4 +77,5 @@ class JobPool:
                 await send(WorkerError(message_id=message_id, error=f"worker error: {exc}", retryable=True))
         finally:
             self._running.pop(message_id, None)
+            self.ended += 1
             self._started.discard(message_id)
