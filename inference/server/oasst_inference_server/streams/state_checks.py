@@ -39,6 +39,7 @@ class StateChecks:
         # once its window has passed.
         self._asked: set[str] = set()
         self._batch: asyncio.Task[dict[str, MessageState]] | None = None
+        self._one_read = asyncio.Lock()
 
     async def state(self, message_id: str) -> MessageState | None:
         """The message's state in the database, None if it has no such message."""
@@ -60,19 +61,25 @@ class StateChecks:
     async def _answer(self) -> dict[str, MessageState]:
         try:
             await asyncio.sleep(self._window)
+            # One read at a time: while the last one is still reading (a slow database), questions join
+            # this batch rather than each window's batch queueing for a connection of its own.
+            await self._one_read.acquire()
         finally:
             # Questions asked from here on start the next batch.
             asked, self._asked, self._batch = self._asked, set(), None
-        states: dict[str, MessageState] = {}
-        ids = sorted(asked)
-        async with self._sessions() as session:
-            for start in range(0, len(ids), IDS_PER_STATEMENT):
-                chunk = ids[start : start + IDS_PER_STATEMENT]
-                rows = await session.exec(
-                    select(DbMessage.id, DbMessage.state).where(col(DbMessage.id).in_(chunk))
-                )
-                states.update((message_id, MessageState(state)) for message_id, state in rows.all())
-        return states
+        try:
+            states: dict[str, MessageState] = {}
+            ids = sorted(asked)
+            async with self._sessions() as session:
+                for start in range(0, len(ids), IDS_PER_STATEMENT):
+                    chunk = ids[start : start + IDS_PER_STATEMENT]
+                    rows = await session.exec(
+                        select(DbMessage.id, DbMessage.state).where(col(DbMessage.id).in_(chunk))
+                    )
+                    states.update((message_id, MessageState(state)) for message_id, state in rows.all())
+            return states
+        finally:
+            self._one_read.release()
 
 
 def _retrieved(batch: asyncio.Task[dict[str, MessageState]]) -> None:

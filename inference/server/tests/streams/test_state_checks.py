@@ -5,6 +5,7 @@ that leaves does not disturb the others, and a failed read fails every asker as 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 from sqlalchemy import event
@@ -108,3 +109,37 @@ async def test_the_apps_state_checks_take_no_connection_of_the_request_pool(
         event.remove(own, "before_cursor_execute", on_own)
     assert seen["requests"] == []
     assert len(seen["own"]) == 1
+
+
+async def test_questions_asked_while_a_read_is_slow_share_the_next_read(
+    app, client, user, live_model
+) -> None:
+    """One read at a time: while a slow database holds the current read, the questions of the following
+    moments wait together for one next read, instead of each moment's batch queueing for a connection
+    of its own (a small pool of them timed out under 10,000 held streams)."""
+    chats = [await start_chat(client, user, f"slow {n}", live_model) for n in range(3)]
+    ids = [chat.assistant_id for chat in chats]
+    assert all(ids)
+    first_read = asyncio.Event()
+    release = asyncio.Event()
+    real = app.state.session_factory
+
+    @contextlib.asynccontextmanager
+    async def slow_sessions():  # type: ignore[no-untyped-def]
+        if not first_read.is_set():
+            first_read.set()
+            await release.wait()
+        async with real() as session:
+            yield session
+
+    checks = StateChecks(slow_sessions, window=0.01)  # type: ignore[arg-type]
+    with recorded_statements(app) as statements:
+        first = asyncio.create_task(checks.state(ids[0]))
+        await first_read.wait()
+        later = []
+        for message_id in ids[1:]:  # two moments, each well past the window
+            later.append(asyncio.create_task(checks.state(message_id)))
+            await asyncio.sleep(0.05)
+        release.set()
+        assert await asyncio.gather(first, *later) == [MessageState.pending] * 3
+    assert len([text for text in statements if text.upper().startswith("SELECT")]) == 2, statements
