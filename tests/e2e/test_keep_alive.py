@@ -45,20 +45,16 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
 
 
 def request_of(kind: str, model: str, chat_id: str | None) -> tuple[str, dict[str, Any]]:
+    messages = {
+        "model": model,
+        "messages": [{"role": "user", "content": "Hold me."}],
+        "stream": True,
+        "max_tokens": 16,
+    }
     if kind == "openai":
-        return "/v1/chat/completions", {
-            "model": model,
-            "messages": [{"role": "user", "content": "Hold me."}],
-            "stream": True,
-            "max_tokens": 16,
-        }
+        return "/v1/chat/completions", messages
     if kind == "anthropic":
-        return "/v1/messages", {
-            "model": model,
-            "messages": [{"role": "user", "content": "Hold me."}],
-            "stream": True,
-            "max_tokens": 16,
-        }
+        return "/v1/messages", messages
     if kind == "responses":
         return "/v1/responses", {"model": model, "input": "Hold me.", "stream": True, "max_output_tokens": 16}
     return f"/chats/{chat_id}/turns", {"content": "Hold me.", "model_config_name": model}

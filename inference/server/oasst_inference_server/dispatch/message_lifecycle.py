@@ -119,11 +119,13 @@ class MessageLifecycle(Claiming):
             whole = result
             if current is not None and current.worker_session_id == session_id:
                 whole = continuation.continued_result(result, current.answer_prefix)
-            if result.finish_reason == "cancelled" or (current is not None and current.cancel_requested):
-                return MessageState.cancelled, _result_values(whole)
-            if current is None:  # not read: the cancel is read by the update itself
-                return _complete_unless_cancelled(), _result_values(whole)
-            return MessageState.complete, _result_values(whole)
+            # A cancel asked meanwhile is read by the update itself (read or not here).
+            state = (
+                MessageState.cancelled
+                if result.finish_reason == "cancelled"
+                else _complete_unless_cancelled()
+            )
+            return state, _result_values(whole)
 
         # Most often one statement: a message holding no continued answer's start (:mod:`.continuation`),
         # so the result is the whole answer; else the message is read first, in the same transaction.
