@@ -43,6 +43,7 @@ from oasst_inference_server.api.routes import (
 )
 from oasst_inference_server.auth.user_cache import UserCache
 from oasst_inference_server.broker import create_broker
+from oasst_inference_server.db.driver import driver_connections
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
@@ -146,6 +147,15 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             settings,
             lease_sessions=make_session_factory(lease_engine),
         )
+        # Answers' ends in SQL of their own (Postgres), on connections of their own: a burst of ends waits
+        # for these (long, rather than lose a result), and the requests' pool does not wait for them.
+        answer_engine = (
+            engine
+            if engine.dialect.name == "sqlite"
+            else create_engine(settings, connections=settings.database_answer_connections, pool_timeout=300)
+        )
+        app.state.answer_engine = answer_engine
+        app.state.lifecycle.answer_ends = driver_connections(answer_engine)
         # What event readers ask besides the stream (state checks, queue positions), read-only. The silent
         # streams' state checks on connections of their own: held streams must not take the connections
         # of the requests that open new ones (one batched read at a time needs no more than two).
@@ -259,7 +269,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await remote_questions.close()
             await app.state.lifecycle.leases.close()
             await app.state.message_reads.close()
-            for own_engine in (lease_engine, state_check_engine):
+            for own_engine in (lease_engine, state_check_engine, answer_engine):
                 if own_engine is not engine:
                     await own_engine.dispose()
             await fanout.close()

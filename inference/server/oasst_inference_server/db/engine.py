@@ -26,9 +26,12 @@ def normalise_database_url(url: str) -> str:
     return url
 
 
-def create_engine(settings: Settings, *, connections: int | None = None) -> AsyncEngine:
+def create_engine(
+    settings: Settings, *, connections: int | None = None, pool_timeout: float = 30.0
+) -> AsyncEngine:
     """The engine of ``settings.database_url``: a pool of ``database_pool_size`` connections and as many
-    overflow ones, or exactly ``connections`` (none overflow) for a pool of its own, on Postgres."""
+    overflow ones, or exactly ``connections`` (none overflow) for a pool of its own, on Postgres; a
+    checkout waits at most ``pool_timeout`` seconds for a connection."""
     url = make_url(normalise_database_url(settings.database_url))
     if url.get_backend_name() == "sqlite":
         if url.database and url.database != ":memory:":
@@ -49,6 +52,7 @@ def create_engine(settings: Settings, *, connections: int | None = None) -> Asyn
         url,
         pool_size=connections or settings.database_pool_size,
         max_overflow=0 if connections else settings.database_pool_size,
+        pool_timeout=pool_timeout,
         # No "SELECT 1" round trip per checkout (pre-ping): see _skip_closed_connections.
         pool_pre_ping=False,
     )

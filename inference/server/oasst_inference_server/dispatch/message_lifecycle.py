@@ -18,9 +18,10 @@ from sqlmodel import select
 
 from oasst_inference_server import events, metrics
 from oasst_inference_server.broker import BrokerError
+from oasst_inference_server.db.driver import DriverConnections
 from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.db.payloads import ResultPayload
-from oasst_inference_server.dispatch import continuation
+from oasst_inference_server.dispatch import answer_ends, continuation
 from oasst_inference_server.dispatch.claiming import Claiming
 from oasst_inference_server.quotas.charging import UsageCharger
 from oasst_inference_server.scheduling import fair_share
@@ -42,6 +43,8 @@ class MessageLifecycle(Claiming):
 
     # Charges each finished generation's tokens to its key's and user's usage limits (set by main).
     usage_charger: UsageCharger | None = None
+    # Where answers end in SQL of their own (Postgres, set by main: :mod:`.answer_ends`); None: the ORM.
+    answer_ends: DriverConnections | None = None
 
     # ------------------------------------------------------------ enqueue
     async def enqueue(self, message: DbMessage) -> None:
@@ -128,10 +131,11 @@ class MessageLifecycle(Claiming):
             return state, _result_values(whole)
 
         # Most often one statement: a message holding no continued answer's start (:mod:`.continuation`),
-        # so the result is the whole answer; else the message is read first, in the same transaction.
-        message = await self._finish_as(
-            result.message_id, session_id, finished, read=False, where=(DbMessage.answer_prefix.is_(None),)
-        ) or await self._finish_as(result.message_id, session_id, finished)
+        # so the result is the whole answer (on Postgres in SQL of its own, :mod:`.answer_ends`); else the
+        # message is read first, in the same transaction.
+        message = await self._end_whole_answer(session_id, result, finished) or await self._finish_as(
+            result.message_id, session_id, finished
+        )
         if message is None:
             logger.warning("ignored a result for message {} from session {}", result.message_id, session_id)
             return False
@@ -143,6 +147,30 @@ class MessageLifecycle(Claiming):
             "message {} complete: {} tokens, {}", message.id, result.generated_tokens, result.finish_reason
         )
         return True
+
+    async def _end_whole_answer(
+        self,
+        session_id: str,
+        result: GeneratedText,
+        finished: Callable[[DbMessage | None], tuple[Any, dict[str, object]]],
+    ) -> DbMessage | None:
+        """End a message holding no continued answer's start with ``result`` (as ``finished`` decides on
+        the ORM path), in one statement; None if it was not ended (not active, not the session's, or
+        holding a start)."""
+        if self.answer_ends is None:
+            where = (DbMessage.answer_prefix.is_(None),)
+            return await self._finish_as(result.message_id, session_id, finished, read=False, where=where)
+        cancelled = result.finish_reason == "cancelled"
+        message = await answer_ends.end_answer(
+            self.answer_ends,
+            result.message_id,
+            session_id,
+            cancelled=cancelled,
+            values=_result_values(result),
+        )
+        if message is not None:
+            metrics.COMPLETED.labels(message.model_config_name or "", MessageState(message.state).value).inc()
+        return message
 
     async def late_prompt_tokens(self, message_id: str, prompt_tokens: int | None) -> bool:
         """The prompt tokens a worker reported for an answer stored without them (moderation cut it

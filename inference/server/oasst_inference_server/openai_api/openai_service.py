@@ -23,13 +23,11 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, Awaitable, Callable, Coroutine, Iterable, Sequence
 from contextlib import aclosing
-from datetime import timedelta
 from typing import Any, NamedTuple
 
 import anyio
 from loguru import logger
 from pydantic import TypeAdapter
-from sqlalchemy import case, null, or_, update
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -48,6 +46,7 @@ from oasst_inference_server.domain_errors import (
 )
 from oasst_inference_server.events import plain_token_text
 from oasst_inference_server.moderation.hook import Moderation
+from oasst_inference_server.openai_api.api_scrub import ApiScrub
 from oasst_inference_server.routing.router import Route
 from oasst_inference_server.scheduling.worker_registry import LiveModel, WorkerRegistry
 from oasst_inference_server.settings import Settings
@@ -91,9 +90,6 @@ def _decoded(data: str) -> StreamEvent | TokenText:
     return TokenText(text) if text is not None else _STREAM_EVENT.validate_json(data)
 
 
-API_KINDS = (MessageKind.completion, MessageKind.embedding)
-_TERMINAL_STATES = tuple(s for s in MessageState if s.is_terminal and s != MessageState.manual)
-_SWEEP_AGE = timedelta(minutes=10)  # answered long enough ago that no handler still reads it
 _ABANDONED_WAIT_SECONDS = 600.0
 _background: set[asyncio.Task[None]] = set()
 
@@ -154,6 +150,7 @@ class OpenAIService:
         self._lifecycle = lifecycle
         self._registry = registry
         self._submission = submission
+        self._scrub = ApiScrub(session_factory, keep_text=settings.store_api_conversations)
 
     @property
     def moderation(self) -> Moderation | None:
@@ -509,24 +506,9 @@ class OpenAIService:
 
     # ------------------------------------------------------------ what is kept
     async def scrub(self, message: DbMessage) -> None:
-        """Erase the content of one answered request (and of the user's older ones left behind).
-
-        One statement: the results always, and without ``store_api_conversations`` the text of the
-        requests that are not kept as chats."""
-        swept_before = utcnow() - _SWEEP_AGE
-        owned = (DbMessage.user_id == message.user_id) & DbMessage.kind.in_(API_KINDS)
-        finished = DbMessage.state.in_(_TERMINAL_STATES)
-        this_or_old = (DbMessage.id == message.id) | (DbMessage.finished_at < swept_before)
-        left = DbMessage.result_payload.is_not(None)
-        values: dict[str, Any] = {"result_payload": null()}  # SQL NULL, not JSON null
-        if not self.settings.store_api_conversations:
-            unkept = DbMessage.chat_id.is_(None)
-            text = (DbMessage.content, DbMessage.request_payload, DbMessage.system_prompt)
-            left = left | (unkept & or_(*(column.is_not(None) for column in text)))
-            values.update({column.key: case((unkept, null()), else_=column) for column in text})
-        async with self._sessions() as session:
-            await session.exec(update(DbMessage).where(owned, finished, this_or_old, left).values(**values))
-            await session.commit()
+        """Erase the content of one answered request (and of the user's older ones left behind), in one
+        statement (:mod:`.api_scrub`)."""
+        await self._scrub.scrub(message)
 
     async def embed(
         self,

@@ -34,6 +34,12 @@ class _DatabaseAndBrokerSettings(BaseModel):
         description="SQLAlchemy URL: `sqlite+aiosqlite:///path` (embedded) or `postgresql+asyncpg://user:password@host:5432/db` (production).",
     )
     database_pool_size: int = Field(default=20, ge=1, description="Database connections per server process.")
+    database_answer_connections: int = Field(
+        default=4,
+        ge=1,
+        le=64,
+        description="Postgres connections per server process of their own for storing answers' ends: when thousands of answers end at once, they wait for these, not for the requests' pool.",
+    )
     database_startup_timeout: float = Field(
         default=60.0, ge=0, description="Seconds to keep retrying while the database comes up"
     )

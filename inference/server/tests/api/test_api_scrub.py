@@ -82,6 +82,7 @@ async def test_an_answered_request_keeps_only_its_usage(app, user, other_user, s
     with recorded_statements(app) as statements:
         await service.scrub(answered)
     assert [s.split()[0] for s in statements] == ["UPDATE"]
+    assert statements.driver == statements, statements  # Postgres: SQL of its own on asyncpg (db.driver)
 
     whole = ("the answer", "be brief", {"thread": [{"role": "user", "content": "the question"}]})
     erased = whole if store else (None, None, None)

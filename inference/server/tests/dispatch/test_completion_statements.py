@@ -1,5 +1,5 @@
 """A worker's result is stored in one statement, on both stores: the UPDATE that ends the message returns
-it (no read before or after), and a cancel asked meanwhile still wins in that statement. A message holding
+it (no read before or after; on Postgres straight on asyncpg), and a cancel asked meanwhile still wins in that statement. A message holding
 a continued answer's start is read first, in the same transaction (test_continuation covers its text).
 Its usage is charged to the user its fair-queue ticket names, without reading its chat."""
 
@@ -35,7 +35,7 @@ def result(message_id: str, text: str) -> GeneratedText:
     return GeneratedText(message_id=message_id, text=text, finish_reason="length", generated_tokens=2)
 
 
-async def test_a_result_is_stored_in_one_statement(client, app, user, model) -> None:
+async def test_a_result_is_stored_in_one_statement(store, client, app, user, model) -> None:
     chat = await start_chat(client, user, "hello", model)
     lifecycle = app.state.lifecycle
     assert await lifecycle.claim(chat.assistant_id, "ws-one") is not None
@@ -43,6 +43,8 @@ async def test_a_result_is_stored_in_one_statement(client, app, user, model) -> 
         assert await lifecycle.complete("ws-one", result(chat.assistant_id, "two words"))
     assert message_statements(statements) == ["UPDATE"], statements
     assert any(s.startswith("UPDATE message SET") and "RETURNING" in s for s in statements), statements
+    # On Postgres, in SQL of its own on the asyncpg connection (dispatch.answer_ends), not the ORM's.
+    assert bool(statements.driver) == store["database_url"].startswith("postgres"), statements
     # Its usage is charged to the chat's owner, whom its ticket names: the chat is not read for it.
     assert not [s for s in statements if " FROM chat " in f"{s} "], statements
     done = await lifecycle.get(chat.assistant_id)

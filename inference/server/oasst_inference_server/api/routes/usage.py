@@ -15,7 +15,7 @@ from oasst_inference_server.api.deps import ApiCaller, SessionDep
 from oasst_inference_server.api.responses import AUTH, error
 from oasst_inference_server.chats.usage_report import get_api_request, recent_api_requests, user_usage
 from oasst_inference_server.db.models import DbMessage, MessageKind
-from oasst_inference_server.openai_api.openai_service import API_KINDS
+from oasst_inference_server.openai_api.api_scrub import API_KINDS
 from oasst_inference_server.responses_api.objects import RESPONSE_KIND
 from oasst_inference_server.responses_api.service import DELETED_KIND
 from oasst_shared.schemas import (
