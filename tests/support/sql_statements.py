@@ -28,10 +28,11 @@ class Statements(list[str]):
 
 
 @contextlib.contextmanager
-def recorded_statements(app: FastAPI) -> Iterator[Statements]:
+def recorded_statements(app: FastAPI, about: str | None = None) -> Iterator[Statements]:
     """The statements the app's engines send inside the block (the request pool's, the silent streams'
     state checks' own and the answers' ends', through SQLAlchemy or straight on asyncpg:
-    ``db.driver``), whitespace collapsed, in order."""
+    ``db.driver``), whitespace collapsed, in order; with ``about``, only those among whose bound
+    parameters it is (a message id: the app's background work reads other messages too)."""
     statements = Statements()
     engines = [app.state.session_factory.kw["bind"].sync_engine]
     for name in ("state_check_engine", "answer_engine"):
@@ -39,13 +40,14 @@ def recorded_statements(app: FastAPI) -> Iterator[Statements]:
         if own is not None and own.sync_engine not in engines:
             engines.append(own.sync_engine)
 
-    def record(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(" ".join(statement.split()))
+    def record(conn: Any, cursor: Any, statement: str, parameters: Any, *args: Any) -> None:
+        if about is None or about in str(parameters):
+            statements.append(" ".join(statement.split()))
 
     for engine in engines:
         event.listen(engine, "before_cursor_execute", record)
     try:
-        with _driver_statements(statements):
+        with _driver_statements(statements, about):
             yield statements
     finally:
         for engine in engines:
@@ -53,7 +55,7 @@ def recorded_statements(app: FastAPI) -> Iterator[Statements]:
 
 
 @contextlib.contextmanager
-def _driver_statements(statements: Statements) -> Iterator[None]:
+def _driver_statements(statements: Statements, about: str | None) -> Iterator[None]:
     """Record the statements made straight on asyncpg connections (every one of the process's) while the
     block runs, as they are sent (asyncpg's own query loggers are called later, from the event loop)."""
     originals = {name: getattr(asyncpg.Connection, name) for name in _DRIVER_CALLS}
@@ -61,7 +63,7 @@ def _driver_statements(statements: Statements) -> Iterator[None]:
     def recording(call: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(call)
         async def wrapper(self: Any, query: str, *args: Any, **kwargs: Any) -> Any:
-            if not _TRANSACTION_CONTROL.match(query):
+            if not _TRANSACTION_CONTROL.match(query) and (about is None or about in str(args)):
                 statements.append(" ".join(query.split()))
                 statements.driver.append(statements[-1])
             return await call(self, query, *args, **kwargs)

@@ -84,27 +84,49 @@ async def read_message_events(
                 wait = min(max(wait, interval) * 2, max(MAX_SILENT_WAIT, interval))
                 continue
             wait = interval
-            message = await reads.get(message_id)  # ended or waiting: what there is to tell
-            if message is None:
-                return
-            state = MessageState(message.state)
             if state.is_terminal:
-                # The database is updated just before the terminal event is appended: give it a moment
-                # to land, so the reader gets it with its id. Without a stream (expired), the
-                # database has the final word.
-                recent = message.finished_at is None or (utcnow() - message.finished_at).total_seconds() < 30
-                grace = _TERMINAL_GRACE_SECONDS if recent else 0.01
-                while late := await _read_quietly(subscription, grace):
+                # The database is updated just before the terminal event is appended: wait for the event
+                # on the stream, so the reader gets it with its id and without reading the message. At a
+                # burst of answers ending at once, thousands of readers see the new state together, and
+                # a read of the whole message each (before this wait) emptied the request pool and cut
+                # their streams mid-body.
+                while late := await _read_quietly(subscription, _terminal_grace(message)):
                     batch, ended = _up_to_terminal(late)
                     yield batch
                     if ended:
                         return
-                yield [{"data": reads.final_event(message)}]
+                # No terminal event on the stream (expired, or Redis lost it): the database has the final
+                # word (an ended message never moves again).
+                message = await reads.get(message_id)
+                if message is not None:
+                    yield [{"data": reads.final_event(message)}]
                 return
             if state == MessageState.pending:
-                position = await reads.queue_position(message)
-                loading = await reads.model_loading(message)
-                yield [{"data": events.pending_event(*position, loading_model=loading)}]
+                # Waiting: its place in the queue needs the whole message.
+                message = await reads.get(message_id)
+                if message is None:
+                    return
+                if MessageState(message.state) == MessageState.pending:
+                    position = await reads.queue_position(message)
+                    loading = await reads.model_loading(message)
+                    yield [{"data": events.pending_event(*position, loading_model=loading)}]
+
+
+def _terminal_grace(message: DbMessage) -> float:
+    """How long a reader whose state check says its message has ended waits for the terminal event on the
+    stream, before it rebuilds the event from the database.
+
+    The state check gives the state alone, not when the message ended, and reading the message to know
+    would be the very read this wait saves. The reader's own last read of it (the caller's, or a pending
+    one's) tells enough: a message that had not ended then has ended while this reader followed it, at
+    most a state check's wait ago, and its event is about to land (2 s); one that had ended over 30 s
+    before has its event on the stream, read at once, or its stream has expired and nothing will land
+    (0.01 s).
+    """
+    if not MessageState(message.state).is_terminal or message.finished_at is None:
+        return _TERMINAL_GRACE_SECONDS
+    recent = (utcnow() - message.finished_at).total_seconds() < 30
+    return _TERMINAL_GRACE_SECONDS if recent else 0.01
 
 
 async def _gap_event(broker: Broker, stream: str, after: str) -> str | None:

@@ -10,7 +10,9 @@ A backend without the endpoint is asked once, then no more.
 A pong must not report the figures of a read made before a job ended: they still count that job's KV
 cache as taken, and the server would hold back the next job until the next poll (on the bundled backend,
 whose free KV cache is its free slots', seconds with every slot counted busy). So a pong after a job's end
-reads them again first (:meth:`BackendHealth.capacity_for_pong`)."""
+reads them again first (:meth:`BackendHealth.capacity_for_pong`). All the reads go through one HTTP client,
+kept for the worker's life (:meth:`BackendHealth.close` when it stops), so they share its connection
+rather than open one each."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ _QUEUE_METRICS = (
     "oasst_cpu_backend_queue_size",
 )
 PONG_READ_TIMEOUT = 0.5  # seconds a pong waits for the backend's /metrics after a job ended
+POLL_READ_TIMEOUT = 2.0  # seconds a poll waits for it
 _KV_FREE_METRICS = ("oasst_cpu_backend_kv_cache_free_tokens",)
 _VLLM_KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 
@@ -88,6 +91,8 @@ class BackendHealth:
         # How many of the connection's jobs had ended when the capacity figures were last read.
         self._jobs_ended = jobs_ended
         self._read_after = 0
+        # Made at the first read (a backend without /metrics never needs one), closed by close().
+        self._client: httpx.AsyncClient | None = None
 
     async def capacity_for_pong(self) -> BackendCapacity:
         """The capacity figures to report: the last read's, or a new read's if a job ended since."""
@@ -118,13 +123,21 @@ class BackendHealth:
             self._set(healthy)
             await self._read_capacity()
 
-    async def _read_capacity(self, timeout: float = 2.0) -> None:
+    async def close(self) -> None:
+        """The worker stops: close the client of the /metrics reads (its connection); no read follows."""
+        self._metrics_url = None
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    async def _read_capacity(self, timeout: float = POLL_READ_TIMEOUT) -> None:
         if self._metrics_url is None:
             return
         self._read_after = self._jobs_ended()
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=POLL_READ_TIMEOUT)
         try:
-            async with httpx.AsyncClient(timeout=timeout) as client:
-                response = await client.get(self._metrics_url)
+            response = await self._client.get(self._metrics_url, timeout=timeout)
         except httpx.HTTPError:
             self.capacity = BackendCapacity()
             return

@@ -153,6 +153,8 @@ class WorkerClient:
             if self._switch_task is not None:
                 self._switch_task.cancel()
             await self._jobs.cancel_all()
+            await asyncio.gather(health, return_exceptions=True)  # no read of /metrics under way
+            await self._health.close()
 
     async def drain(self) -> None:
         """Stop taking work, finish in-flight jobs, then stop (SIGTERM)."""
