@@ -205,6 +205,11 @@ class FrameReceiving(AnswerModeration):
         if watch is not None and await self._moderated_end(record, watch, result):
             return
         await self._relay.flush()  # the terminal event comes after every token
+        # A result says the worker is alive as a pong does. Its storing may wait (thousands of answers
+        # ending at once queue for the answers' connections) and this loop reads the worker's next frame,
+        # its pong too, only after it: without this, a worker whose results queued longer than its lease
+        # lost the messages it was still finishing (24 of 10,000 at bench.many_streams' release).
+        self._extend_leases()
         await self._durably(
             lambda: self._lifecycle.complete(self.session_id, result),
             f"storing message {frame.message_id}",
@@ -245,12 +250,16 @@ class FrameReceiving(AnswerModeration):
         self.capacity.kv_cache_free_tokens = pong.kv_cache_free_tokens
         self.capacity.backend_queue_length = pong.backend_queue_length
         self._capacity_changed()
+        self._extend_leases()
+        await self._publish_session(if_changed=True)
+
+    def _extend_leases(self) -> None:
+        """The worker is alive: extend the leases of what it holds, batched with the other workers' asks
+        (:mod:`..dispatch.lease_extensions`); the receive loop reads on. A claim not committed yet is
+        invisible to the database: not counted as held."""
         if self._held:
-            # A claim not committed yet is invisible to the database: not counted as held. Batched
-            # with the other workers' pongs (:mod:`..dispatch.lease_extensions`): the receive loop reads on.
             holding = set(self.in_flight) - self._gate.unconfirmed()
             self._lifecycle.leases.extend_soon(self.session_id, holding, self._cancel_again)
-        await self._publish_session(if_changed=True)
 
     async def _cancel_again(self, message_ids: list[str]) -> None:
         for message_id in message_ids:
