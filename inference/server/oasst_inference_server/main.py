@@ -46,6 +46,7 @@ from oasst_inference_server.broker import create_broker
 from oasst_inference_server.db.driver import driver_connections
 from oasst_inference_server.db.engine import create_engine, make_session_factory
 from oasst_inference_server.db.migrations import upgrade_to_head
+from oasst_inference_server.dispatch.answer_ends import AnswerEnds
 from oasst_inference_server.dispatch.message_lifecycle import MessageLifecycle
 from oasst_inference_server.dispatch.recovery import RecoveryLoop
 from oasst_inference_server.fleet.on_demand import OnDemandLoads
@@ -155,7 +156,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             else create_engine(settings, connections=settings.database_answer_connections, pool_timeout=300)
         )
         app.state.answer_engine = answer_engine
-        app.state.lifecycle.answer_ends = driver_connections(answer_engine)
+        answer_driver = driver_connections(answer_engine)
+        if answer_driver is not None:
+            app.state.lifecycle.answer_ends = AnswerEnds(answer_driver, settings.database_answer_connections)
         # What event readers ask besides the stream (state checks, queue positions), read-only. The silent
         # streams' state checks on connections of their own: held streams must not take the connections
         # of the requests that open new ones (one batched read at a time needs no more than two).
@@ -268,6 +271,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             await recovery.stop()
             await remote_questions.close()
             await app.state.lifecycle.leases.close()
+            if app.state.lifecycle.answer_ends is not None:
+                await app.state.lifecycle.answer_ends.close()
             await app.state.message_reads.close()
             for own_engine in (lease_engine, state_check_engine, answer_engine):
                 if own_engine is not engine:

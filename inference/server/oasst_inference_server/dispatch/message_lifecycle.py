@@ -18,10 +18,10 @@ from sqlmodel import select
 
 from oasst_inference_server import events, metrics
 from oasst_inference_server.broker import BrokerError
-from oasst_inference_server.db.driver import DriverConnections
 from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_inference_server.db.payloads import ResultPayload
-from oasst_inference_server.dispatch import answer_ends, continuation
+from oasst_inference_server.dispatch import continuation
+from oasst_inference_server.dispatch.answer_ends import AnswerEnds
 from oasst_inference_server.dispatch.claiming import Claiming
 from oasst_inference_server.quotas.charging import UsageCharger
 from oasst_inference_server.scheduling import fair_share
@@ -43,8 +43,9 @@ class MessageLifecycle(Claiming):
 
     # Charges each finished generation's tokens to its key's and user's usage limits (set by main).
     usage_charger: UsageCharger | None = None
-    # Where answers end in SQL of their own (Postgres, set by main: :mod:`.answer_ends`); None: the ORM.
-    answer_ends: DriverConnections | None = None
+    # Where answers end in SQL of their own, batched (Postgres, set by main: :mod:`.answer_ends`); None:
+    # the ORM, a statement each.
+    answer_ends: AnswerEnds | None = None
 
     # ------------------------------------------------------------ enqueue
     async def enqueue(self, message: DbMessage) -> None:
@@ -155,18 +156,15 @@ class MessageLifecycle(Claiming):
         finished: Callable[[DbMessage | None], tuple[Any, dict[str, object]]],
     ) -> DbMessage | None:
         """End a message holding no continued answer's start with ``result`` (as ``finished`` decides on
-        the ORM path), in one statement; None if it was not ended (not active, not the session's, or
+        the ORM path), in one statement (on Postgres shared with the other ends asked meanwhile); None if
+        it was not ended (not active, not the session's, or
         holding a start)."""
         if self.answer_ends is None:
             where = (DbMessage.answer_prefix.is_(None),)
             return await self._finish_as(result.message_id, session_id, finished, read=False, where=where)
         cancelled = result.finish_reason == "cancelled"
-        message = await answer_ends.end_answer(
-            self.answer_ends,
-            result.message_id,
-            session_id,
-            cancelled=cancelled,
-            values=_result_values(result),
+        message = await self.answer_ends.end(
+            result.message_id, session_id, cancelled=cancelled, values=_result_values(result)
         )
         if message is not None:
             metrics.COMPLETED.labels(message.model_config_name or "", MessageState(message.state).value).inc()
