@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable
 from datetime import timedelta
 
 from loguru import logger
-from sqlalchemy import update
+from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
@@ -46,12 +46,20 @@ async def extend(session: AsyncSession, session_ids: Iterable[str], lease_second
     owned: Owned = {session_id: [] for session_id in ids}
     deadline = utcnow() + timedelta(seconds=lease_seconds)
     for start in range(0, len(ids), _SESSIONS_PER_STATEMENT):
-        rows = await session.exec(
-            update(DbMessage)
+        # The rows locked in the order of their ids first, as every statement that changes several
+        # messages locks them (``answer_ends`` too): two never wait for each other crosswise (deadlock).
+        held = (
+            select(DbMessage.id)
             .where(
                 DbMessage.worker_session_id.in_(ids[start : start + _SESSIONS_PER_STATEMENT]),
                 DbMessage.state == MessageState.in_progress,
             )
+            .order_by(DbMessage.id)
+            .with_for_update()
+        )
+        rows = await session.exec(
+            update(DbMessage)
+            .where(DbMessage.id.in_(held), DbMessage.state == MessageState.in_progress)
             .values(lease_deadline=deadline)
             .returning(DbMessage.id, DbMessage.worker_session_id, DbMessage.cancel_requested)
         )

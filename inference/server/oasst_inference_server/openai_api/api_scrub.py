@@ -4,7 +4,8 @@ One statement erases the results of the request just answered (and of the user's
 behind, answered long enough ago that no handler still reads them), and without
 ``store_api_conversations`` their prompts and answers too, unless they were kept as a chat. Every
 ``/v1`` answer runs it, so on Postgres it is SQL of its own on the asyncpg connection (:mod:`..db.driver`:
-a quarter of the ORM's CPU); on SQLite it is the ORM's statement, which means the same.
+a quarter of the ORM's CPU), shared by the scrubs asked while one runs; on SQLite it is the ORM's
+statement, which means the same.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from sqlalchemy import case, null, or_, update
 from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
+from oasst_inference_server.db.batched import Batched
 from oasst_inference_server.db.driver import driver_connections
 from oasst_inference_server.db.models import DbMessage, MessageKind, utcnow
 from oasst_shared.schemas import MessageState
@@ -32,17 +34,22 @@ def _listed(values: tuple[Any, ...]) -> str:
 
 
 def scrub_statement(keep_text: bool) -> str:
-    """The driver path's statement: ``$1`` the user, ``$2`` the request, ``$3`` the sweep's age limit."""
+    """The driver path's statement for many answered requests at once: ``$1`` their ids, ``$2`` their
+    users, ``$3`` the sweep's age limit. Its rows are locked first in the order of their ids, as every
+    statement that changes several messages locks them (``dispatch.answer_ends``): no deadlock."""
     sets = ["result_payload = NULL"]
     left = "result_payload IS NOT NULL"
     if not keep_text:
         sets += [f"{name} = CASE WHEN chat_id IS NULL THEN NULL ELSE {name} END" for name in _TEXT]
         held = " OR ".join(f"{name} IS NOT NULL" for name in _TEXT)
         left = f"{left} OR (chat_id IS NULL AND ({held}))"
+    scrubbed = (
+        f"kind IN ({_listed(API_KINDS)}) AND state IN ({_listed(_TERMINAL_STATES)}) "
+        f"AND (id = ANY($1::text[]) OR (user_id = ANY($2::text[]) AND finished_at < $3)) AND ({left})"
+    )
     return (
-        f"UPDATE message SET {', '.join(sets)} "
-        f"WHERE user_id = $1 AND kind IN ({_listed(API_KINDS)}) AND state IN ({_listed(_TERMINAL_STATES)}) "
-        f"AND (id = $2 OR finished_at < $3) AND ({left})"
+        f"WITH locked AS MATERIALIZED (SELECT id FROM message WHERE {scrubbed} ORDER BY id FOR UPDATE) "
+        f"UPDATE message SET {', '.join(sets)} WHERE id IN (SELECT id FROM locked) AND {scrubbed}"
     )
 
 
@@ -52,14 +59,17 @@ class ApiScrub:
         self._keep_text = keep_text
         self._driver = driver_connections(session_factory.kw["bind"])
         self._statement = scrub_statement(keep_text)
+        # Postgres: the scrubs asked while one runs share the next statement (:mod:`..db.batched`), as
+        # answers' ends do. 10,000 answers ending within seconds made 10,000 scrubs, which waited more than
+        # the pool's 30 s for a connection when each had a statement of its own.
+        self._batched: Batched[DbMessage, None] = Batched(self._scrub_all, limit=4, name="API scrubs")
 
     async def scrub(self, message: DbMessage) -> None:
         """Erase the content of one answered request (and of the user's older ones left behind)."""
-        swept_before = utcnow() - SWEEP_AGE
         if self._driver is not None:
-            async with self._driver.connection() as connection:
-                await connection.execute(self._statement, message.user_id, message.id, swept_before)
+            await self._batched.ask(message)
             return
+        swept_before = utcnow() - SWEEP_AGE
         owned = (DbMessage.user_id == message.user_id) & DbMessage.kind.in_(API_KINDS)
         finished = DbMessage.state.in_(_TERMINAL_STATES)
         this_or_old = (DbMessage.id == message.id) | (DbMessage.finished_at < swept_before)
@@ -73,3 +83,11 @@ class ApiScrub:
         async with self._sessions() as session:
             await session.exec(update(DbMessage).where(owned, finished, this_or_old, left).values(**values))
             await session.commit()
+
+    async def _scrub_all(self, messages: list[DbMessage]) -> list[None]:
+        assert self._driver is not None
+        ids = [message.id for message in messages]
+        users = sorted({message.user_id for message in messages if message.user_id is not None})
+        async with self._driver.connection() as connection:
+            await connection.execute(self._statement, ids, users, utcnow() - SWEEP_AGE)
+        return [None] * len(messages)

@@ -4,6 +4,7 @@ kept as a chat; the user's older requests left behind are swept with it; nothing
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -81,7 +82,8 @@ async def test_an_answered_request_keeps_only_its_usage(app, user, other_user, s
 
     with recorded_statements(app) as statements:
         await service.scrub(answered)
-    assert [s.split()[0] for s in statements] == ["UPDATE"]
+    # One statement: an UPDATE whose rows are locked first, in the order of their ids.
+    assert len(statements) == 1 and " UPDATE message SET " in statements[0], statements
     assert statements.driver == statements, statements  # Postgres: SQL of its own on asyncpg (db.driver)
 
     whole = ("the answer", "be brief", {"thread": [{"role": "user", "content": "the question"}]})
@@ -91,3 +93,14 @@ async def test_an_answered_request_keeps_only_its_usage(app, user, other_user, s
     assert await stored(app, kept) == (*whole, None, 3)  # kept as a chat: its text stays
     for untouched in (recent, running, others):
         assert await stored(app, untouched) == (*whole, {"tool_calls": []}, 3)
+
+
+async def test_scrubs_asked_together_share_statements(app, user, other_user) -> None:
+    service: OpenAIService = app.state.openai_service
+    answered = [await add(app, user_id=(user if i % 2 else other_user).id) for i in range(12)]
+    with recorded_statements(app) as statements:
+        await asyncio.gather(*(service.scrub(message) for message in answered))
+    # Those asked while one statement ran shared the next (a burst of answers ending at once).
+    assert 1 <= len(statements) < len(answered), statements
+    for message in answered:
+        assert await stored(app, message) == (None, None, None, None, 3)
