@@ -140,3 +140,35 @@ async def test_an_end_that_stops_waiting_does_not_stop_the_statement(app, client
             break
         await asyncio.sleep(0.02)
     assert (await app.state.lifecycle.get(message_id)).content == "kept"
+
+
+async def test_ends_lock_their_rows_in_the_order_of_their_ids(app, client, user, live_model) -> None:
+    """Another statement that locks several messages in id order (as the lease extensions do) never
+    deadlocks with a statement of ends, whatever order the ends came in and the rows lie in."""
+    # Two messages made in the order opposite to their ids' (the higher one made first), named in that
+    # order: a statement that locked by the table's order or by its arrays' would take the higher first.
+    made = await claimed(app, client, user, live_model, "ws-order", 2)
+    while made[-2] < made[-1]:
+        made += await claimed(app, client, user, live_model, "ws-order", 1)
+    high, low = made[-2], made[-1]
+    (first,) = await claimed(app, client, user, live_model, "ws-order", 1)
+    url = app.state.settings.database_url.replace("postgresql+asyncpg://", "postgresql://")
+    other = await asyncpg.connect(url)
+    try:
+        transaction = other.transaction()
+        await transaction.start()
+        await other.execute("SELECT id FROM message WHERE id = $1 FOR UPDATE", low)
+        # One statement at a time: after a first end alone, the two share one, which waits for the lower.
+        ends = AnswerEnds(ends_of(app)._driver, connections=1)
+        batch = asyncio.gather(
+            *(ends.end(m, "ws-order", cancelled=False, values=values(m, "done")) for m in (first, high, low))
+        )
+        await asyncio.sleep(0.3)
+        # The other goes on to the higher: in id order the statement holds neither yet.
+        await asyncio.wait_for(other.execute("SELECT id FROM message WHERE id = $1 FOR UPDATE", high), 5)
+        await transaction.commit()
+        stored = await asyncio.wait_for(batch, 10)
+    finally:
+        await other.close()
+    assert [m.state for m in stored] == ["complete"] * 3
+    assert ends.statements == 2
