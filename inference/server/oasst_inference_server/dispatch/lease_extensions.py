@@ -40,8 +40,10 @@ Owned = dict[str, list[tuple[str, bool]]]
 
 
 async def extend(session: AsyncSession, session_ids: Iterable[str], lease_seconds: float) -> Owned:
-    """Extend by ``lease_seconds`` from now the leases of the in-progress messages the sessions own.
-    The caller commits."""
+    """Extend by ``lease_seconds`` from now the leases of the in-progress messages the sessions own, each
+    statement committed: a transaction of two statements would hold the first one's rows while it locks
+    the second one's, out of the order of their ids (a deadlock with the answers' ends at
+    ``bench.many_streams``' burst)."""
     ids = sorted(set(session_ids))
     owned: Owned = {session_id: [] for session_id in ids}
     deadline = utcnow() + timedelta(seconds=lease_seconds)
@@ -65,6 +67,7 @@ async def extend(session: AsyncSession, session_ids: Iterable[str], lease_second
         )
         for message_id, session_id, cancel_requested in rows.all():
             owned[session_id].append((message_id, bool(cancel_requested)))
+        await session.commit()
     return owned
 
 

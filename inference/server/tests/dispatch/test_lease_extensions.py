@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 from datetime import datetime, timedelta
 
+import asyncpg
 import pytest
 from sqlalchemy import update
 
@@ -177,3 +178,43 @@ async def test_leases_are_extended_while_requests_hold_every_connection_of_the_p
             await connection.close()
     assert extended(await lease_of(app, message_id))
     await app.state.lifecycle.release(message_id, "ws-p1", "test over", retryable=False)
+
+
+async def test_each_statement_commits_so_no_rows_are_held_out_of_id_order(
+    app, client, user, live_model, monkeypatch
+) -> None:
+    """A flush of more sessions than one statement takes commits each statement: a transaction holding
+    the first statement's rows while it locked the second's would lock out of id order, and deadlock
+    with a statement that locks in id order (answers' ends)."""
+    first = await claimed(app, client, user, live_model, "ws-order-x")
+    second = await claimed(app, client, user, live_model, "ws-order-y")
+    high, low = max(first, second), min(first, second)
+    # The session whose statement runs first (sessions in order) holds the higher message.
+    for message_id, session_id in ((high, "ws-order-a"), (low, "ws-order-b")):
+        async with app.state.session_factory() as session:
+            await session.exec(
+                update(DbMessage).where(DbMessage.id == message_id).values(worker_session_id=session_id)
+            )
+            await session.commit()
+    monkeypatch.setattr(lease_extensions, "_SESSIONS_PER_STATEMENT", 1)
+    url = app.state.settings.database_url.replace("postgresql+asyncpg://", "postgresql://")
+    other = await asyncpg.connect(url)
+    leases = LeaseExtensions(app.state.session_factory, lease_seconds=LEASE, interval=0.01)
+    try:
+        transaction = other.transaction()
+        await transaction.start()
+        await other.execute("SELECT id FROM message WHERE id = $1 FOR UPDATE", low)
+        told = Told()
+        for session_id in ("ws-order-a", "ws-order-b"):
+            leases.extend_soon(session_id, [], told.callback(session_id))
+        flushing = asyncio.create_task(leases.flush())
+        await asyncio.sleep(0.3)  # the first statement ran; the second waits for the lower message
+        # In id order the other goes on to the higher: the first statement's commit let it go.
+        await asyncio.wait_for(other.execute("SELECT id FROM message WHERE id = $1 FOR UPDATE", high), 5)
+        await transaction.commit()
+        await asyncio.wait_for(flushing, 10)
+    finally:
+        await other.close()
+    for message_id in (high, low):
+        assert (await lease_of(app, message_id)) > utcnow() + timedelta(seconds=LEASE / 2)
+    await finish(app, leases, [("ws-order-a", high), ("ws-order-b", low)])
