@@ -100,7 +100,11 @@ class _DispatchHandOverLeasesRetriesSettings(BaseModel):
         "queued: the worker gets it about a disk flush and three hops sooner. The fair queue counts it as "
         "served; a job never jumps one that waits. Off: every job goes through the queue.",
     )
-    lease_seconds: float = Field(default=30.0, gt=0, description="Extended by every token and pong")
+    lease_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        description="A message's lease on its worker, extended by the worker's pongs and results",
+    )
     max_attempts: int = Field(default=3, ge=1, description="Tries per message before it fails")
     max_backend_refusals: int = Field(
         default=20,
