@@ -93,18 +93,24 @@ async def metrics_server() -> AsyncIterator[CountingMetrics]:
         await backend.runner.cleanup()
 
 
+def health_of(url: str, ended: list[int]) -> BackendHealth:
+    """A ``BackendHealth`` of the backend at ``url`` (only its /metrics reads are used here), whose
+    connection has ended ``ended[0]`` jobs."""
+    return BackendHealth(
+        None,  # type: ignore[arg-type]  # the health check itself is not used here
+        interval=60,
+        backend_url=url,
+        jobs_ended=lambda: ended[0],
+    )
+
+
 async def test_a_pong_after_a_job_ended_reads_the_backend_s_figures_again() -> None:
     """The figures read while every slot was busy say no KV cache is free; once a job has ended, the
     next pong reads them again rather than report them (the server would hold back the next job until
     the next poll); pongs with no job ended in between read nothing."""
     ended = [0]
     async with metrics_server() as backend:
-        health = BackendHealth(
-            None,  # type: ignore[arg-type]  # the health check itself is not used here
-            interval=60,
-            backend_url=backend.url,
-            jobs_ended=lambda: ended[0],
-        )
+        health = health_of(backend.url, ended)
         try:
             await health._read_capacity()  # the poll, every slot busy
             assert health.capacity.kv_cache_free_tokens == 0 and backend.reads == 1
@@ -124,12 +130,7 @@ async def test_the_reads_share_one_connection_closed_by_close() -> None:
     open its own); close() closes it, and nothing is read after."""
     ended = [0]
     async with metrics_server() as backend:
-        health = BackendHealth(
-            None,  # type: ignore[arg-type]  # the health check itself is not used here
-            interval=60,
-            backend_url=backend.url,
-            jobs_ended=lambda: ended[0],
-        )
+        health = health_of(backend.url, ended)
         await health._read_capacity()
         for _ in range(2):
             ended[0] += 1

@@ -7,6 +7,10 @@ database's, so a pool of N connections carries N statements per loop turn, whate
 meanwhile wait together and the next statement carries them all (up to ``max_batch``). With nothing else
 asked it adds no wait; under a burst one statement serves hundreds.
 
+``size`` and ``max_bytes``: a statement carries asks of at most ``max_bytes`` together (an ask larger than
+that alone), so a burst of large asks (answers of up to a worker frame each) never becomes one statement
+of hundreds of megabytes.
+
 ``key``: asks with the same key never share a statement (a message ended twice: the second waits for the
 next, which sees the first's result). Failure semantics are those of a statement per ask: a statement
 that fails raises in every ask it carried, and an asker that stops waiting does not stop the statement.
@@ -31,12 +35,16 @@ class Batched(Generic[A, R]):
         limit: int,
         max_batch: int = 500,
         key: Callable[[A], Hashable] | None = None,
+        size: Callable[[A], int] | None = None,
+        max_bytes: int = 8 << 20,
         name: str = "batched statement",
     ) -> None:
         self._run = run  # one statement for the asks, answering each in order
         self._limit = limit
         self._max_batch = max_batch
         self._key = key
+        self._size = size
+        self._max_bytes = max_bytes
         self._name = name
         self._waiting: list[tuple[A, asyncio.Future[R]]] = []
         self._running: set[asyncio.Task[None]] = set()
@@ -62,14 +70,18 @@ class Batched(Generic[A, R]):
             task.add_done_callback(self._finished)
 
     def _take(self) -> list[tuple[A, asyncio.Future[R]]]:
-        """Up to ``max_batch`` waiting asks, oldest first, no key twice."""
+        """Up to ``max_batch`` waiting asks and ``max_bytes`` (at least one ask), oldest first, no key twice."""
         batch: list[tuple[A, asyncio.Future[R]]] = []
         keys: set[Hashable] = set()
         rest: list[tuple[A, asyncio.Future[R]]] = []
+        carried = 0
         for ask in self._waiting:
             key = self._key(ask[0]) if self._key is not None else None
-            if len(batch) < self._max_batch and (key is None or key not in keys):
+            size = self._size(ask[0]) if self._size is not None else 0
+            fits = not batch or carried + size <= self._max_bytes
+            if len(batch) < self._max_batch and fits and (key is None or key not in keys):
                 keys.add(key)
+                carried += size
                 batch.append(ask)
             else:
                 rest.append(ask)

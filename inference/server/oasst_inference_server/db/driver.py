@@ -16,8 +16,9 @@ socket, a cancelled wait) is invalidated, not reused.
 
 from __future__ import annotations
 
+import enum
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -64,6 +65,12 @@ class DriverConnections:
 def driver_connections(engine: AsyncEngine) -> DriverConnections | None:
     """The driver path of ``engine``, or None where it has none (SQLite)."""
     return DriverConnections(engine) if engine.dialect.name == "postgresql" else None
+
+
+def sql_values(values: Iterable[enum.Enum]) -> str:
+    """Enum values as a SQL list (``'a', 'b'``), for the statements' fixed ``IN (...)``: the code's own
+    values, never a caller's."""
+    return ", ".join(f"'{value.value}'" for value in values)
 
 
 def stored_json(value: Any) -> str | None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oasst_inference_server.db.batched import Batched
-from oasst_inference_server.db.driver import DriverConnections, message_from_row, stored_json
+from oasst_inference_server.db.driver import DriverConnections, message_from_row, sql_values, stored_json
 from oasst_inference_server.db.models import DbMessage, utcnow
 from oasst_shared.schemas import MessageState
 
@@ -36,7 +36,7 @@ _COLUMNS: dict[str, str] = {
     "cached_tokens": "int",
     "result_payload": "text",
 }
-_ACTIVE = ", ".join(f"'{state.value}'" for state in (MessageState.pending, MessageState.in_progress))
+_ACTIVE = sql_values((MessageState.pending, MessageState.in_progress))
 # Ends per statement: far inside Postgres' limits, and a burst's worth.
 MAX_BATCH = 500
 
@@ -72,6 +72,11 @@ class _End:
     values: Mapping[str, object]
 
 
+def _size(asked: _End) -> int:
+    """About what an end adds to its statement: its text (a worker frame's at most, 1 MiB)."""
+    return len(str(asked.values.get("content") or "")) + len(str(asked.values.get("result_payload") or ""))
+
+
 class AnswerEnds:
     def __init__(self, driver: DriverConnections, connections: int) -> None:
         self._driver = driver
@@ -80,6 +85,7 @@ class AnswerEnds:
             limit=connections,
             max_batch=MAX_BATCH,
             key=lambda asked: asked.message_id,
+            size=_size,
             name="answer ends",
         )
 

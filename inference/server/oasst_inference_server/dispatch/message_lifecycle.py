@@ -157,8 +157,7 @@ class MessageLifecycle(Claiming):
     ) -> DbMessage | None:
         """End a message holding no continued answer's start with ``result`` (as ``finished`` decides on
         the ORM path), in one statement (on Postgres shared with the other ends asked meanwhile); None if
-        it was not ended (not active, not the session's, or
-        holding a start)."""
+        it was not ended (not active, not the session's, or holding a start)."""
         if self.answer_ends is None:
             where = (DbMessage.answer_prefix.is_(None),)
             return await self._finish_as(result.message_id, session_id, finished, read=False, where=where)
@@ -166,9 +165,7 @@ class MessageLifecycle(Claiming):
         message = await self.answer_ends.end(
             result.message_id, session_id, cancelled=cancelled, values=_result_values(result)
         )
-        if message is not None:
-            metrics.COMPLETED.labels(message.model_config_name or "", MessageState(message.state).value).inc()
-        return message
+        return _counted(message)
 
     async def late_prompt_tokens(self, message_id: str, prompt_tokens: int | None) -> bool:
         """The prompt tokens a worker reported for an answer stored without them (moderation cut it
@@ -431,8 +428,14 @@ class MessageLifecycle(Claiming):
                 await session.rollback()
                 return None
             await session.commit()
+        return _counted(message)
+
+
+def _counted(message: DbMessage | None) -> DbMessage | None:
+    """``message``, counted in the metrics as ended in its state (if it was ended)."""
+    if message is not None:
         metrics.COMPLETED.labels(message.model_config_name or "", MessageState(message.state).value).inc()
-        return message
+    return message
 
 
 def _result_values(result: GeneratedText) -> dict[str, object]:

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import async_sessionmaker
 from sqlmodel.ext.asyncio.session import AsyncSession
 
 from oasst_inference_server.db.batched import Batched
-from oasst_inference_server.db.driver import driver_connections
+from oasst_inference_server.db.driver import driver_connections, sql_values
 from oasst_inference_server.db.models import DbMessage, MessageKind, utcnow
 from oasst_shared.schemas import MessageState
 
@@ -27,10 +27,6 @@ _TERMINAL_STATES = tuple(s for s in MessageState if s.is_terminal and s != Messa
 SWEEP_AGE = timedelta(minutes=10)  # answered long enough ago that no handler still reads it
 # The columns that hold a request's text: erased unless it is kept (as a chat, or by the setting).
 _TEXT = ("content", "request_payload", "system_prompt")
-
-
-def _listed(values: tuple[Any, ...]) -> str:
-    return ", ".join(f"'{value.value}'" for value in values)
 
 
 def scrub_statement(keep_text: bool) -> str:
@@ -44,7 +40,7 @@ def scrub_statement(keep_text: bool) -> str:
         held = " OR ".join(f"{name} IS NOT NULL" for name in _TEXT)
         left = f"{left} OR (chat_id IS NULL AND ({held}))"
     scrubbed = (
-        f"kind IN ({_listed(API_KINDS)}) AND state IN ({_listed(_TERMINAL_STATES)}) "
+        f"kind IN ({sql_values(API_KINDS)}) AND state IN ({sql_values(_TERMINAL_STATES)}) "
         f"AND (id = ANY($1::text[]) OR (user_id = ANY($2::text[]) AND finished_at < $3)) AND ({left})"
     )
     return (
